@@ -1,0 +1,1 @@
+"""HTTP routes, one package per feature (router, protocol, serving)."""

@@ -1,0 +1,157 @@
+"""Admin routes (qualification) and the public backend identity.
+
+Admin routes need `Authorization: Bearer <server.admin_token>`, compared in
+constant time; with no admin token configured they refuse every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, File, Request, UploadFile
+from fastapi.responses import JSONResponse
+
+from service.errors import ErrorCode, GatewayError
+from service.gate import record_store, run_qualification
+from service.state import GatewayState
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+def require_admin(request: Request) -> None:
+    token = _state(request).settings.server.admin_token
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if token is None:
+        raise GatewayError(
+            ErrorCode.UNAUTHORIZED,
+            "Admin routes are disabled: set MOSS_GATEWAY_SERVER__ADMIN_TOKEN.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    expected = token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        raise GatewayError(
+            ErrorCode.UNAUTHORIZED, "Missing or wrong admin token.", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+Admin = Annotated[None, Depends(require_admin)]
+
+
+def qualification_status(state: GatewayState) -> dict[str, Any]:
+    task = state.qualification_task
+    last = state.last_qualification
+    return {
+        "running": task is not None and not task.done(),
+        "progress": state.gate.progress,
+        "gate_open": state.gate.open,
+        "fingerprint": state.gate.fingerprint,
+        "qualification_id": state.gate.qualification_id,
+        "reason": state.gate.reason,
+        "last": last,
+    }
+
+
+def _summary(record: dict[str, Any]) -> dict[str, Any]:
+    verdict = record["verdict"]
+    return {
+        "qualification_id": record["qualification_id"],
+        "fingerprint": record["fingerprint"],
+        "result": verdict["result"],
+        "passed": verdict["passed"],
+        "batched_result": verdict["batched_result"],
+        "batched_passed": verdict["batched_passed"],
+        "explanation": verdict["evidence"]["explanation"],
+        "first_divergence": verdict["evidence"]["first_divergence"],
+        "comparison": record["comparison"],
+        "path": record.get("path"),
+    }
+
+
+@router.post("/admin/qualify", status_code=202)
+async def start_qualification(
+    request: Request, _: Admin, clip: Annotated[UploadFile | None, File()] = None
+) -> JSONResponse:
+    """Start a qualification of the serving engine (optionally on an uploaded clip)."""
+    state = _state(request)
+    state.require_engine()
+    task = state.qualification_task
+    if task is not None and not task.done():
+        return JSONResponse(qualification_status(state), status_code=409)
+    clip_path: Path | None = None
+    if clip is not None and not isinstance(clip, str):
+        data = await clip.read()
+        if not data:
+            raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded clip is empty.", param="clip")
+        folder = Path(tempfile.mkdtemp(prefix="moss-clip-"))
+        clip_path = folder / (Path(clip.filename or "clip.wav").name or "clip.wav")
+        clip_path.write_bytes(data)
+
+    async def job() -> None:
+        try:
+            record = await run_qualification(state, clip=clip_path)
+            state.last_qualification = _summary(record)
+        except Exception as exc:
+            logger.exception("qualification failed")
+            state.gate.progress = f"failed: {type(exc).__name__}: {exc}"
+            state.last_qualification = {"error": f"{type(exc).__name__}: {exc}"}
+
+    state.last_qualification = None
+    state.gate.progress = "starting"
+    new_task = asyncio.create_task(job())
+    state.qualification_task = new_task
+    state.background.add(new_task)
+    new_task.add_done_callback(state.background.discard)
+    return JSONResponse(qualification_status(state), status_code=202)
+
+
+@router.get("/admin/qualify")
+async def get_qualification(request: Request, _: Admin) -> dict[str, Any]:
+    return qualification_status(_state(request))
+
+
+@router.get("/admin/qualification/records")
+async def list_records(request: Request, _: Admin) -> dict[str, Any]:
+    checks = await asyncio.to_thread(record_store(_state(request)).all)
+    return {
+        "records": [
+            {
+                "file": check.path.name,
+                "valid": check.valid,
+                "reason": check.reason,
+                "qualification_id": (check.record or {}).get("qualification_id"),
+                "fingerprint": (check.record or {}).get("fingerprint"),
+                "result": ((check.record or {}).get("verdict") or {}).get("result"),
+            }
+            for check in checks
+        ]
+    }
+
+
+@router.get("/v1/backend")
+async def backend(request: Request) -> dict[str, Any]:
+    """The running backend's full identity and its qualification state."""
+    state = _state(request)
+    return {
+        "fingerprint": state.gate.fingerprint,
+        "identity": state.identity,
+        "engine_status": state.engine_status.value,
+        "qualification": {
+            "qualified": state.gate.open,
+            "qualification_id": state.gate.qualification_id,
+            "verdict": state.gate.verdict,
+            "reason": state.gate.reason,
+            "policy": state.settings.qualification.policy,
+            "progress": state.gate.progress,
+        },
+    }

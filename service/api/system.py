@@ -1,0 +1,65 @@
+"""Liveness, readiness, models and metrics."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from service.state import EngineStatus, GatewayState
+
+router = APIRouter()
+_CREATED = int(time.time())
+
+
+def _state(request: Request) -> GatewayState:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The process is up and answering (the engine may still be loading)."""
+    return {"status": "alive"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """200 only when the engine is loaded, healthy and the backend is qualified."""
+    state = _state(request)
+    reasons: list[str] = []
+    if state.engine_status is not EngineStatus.READY or state.engine is None:
+        reasons.append(f"engine {state.engine_status.value}" + (f": {state.engine_error}" if state.engine_error else ""))
+    else:
+        try:
+            await state.engine.check_health()
+        except Exception as exc:  # any failure of the health probe means not ready
+            reasons.append(f"engine unhealthy: {exc}")
+    if not state.gate.open:
+        reasons.append(f"backend not qualified: {state.gate.reason}")
+    body = {
+        "ready": not reasons,
+        "engine": state.engine_status.value,
+        "qualified": state.gate.open,
+        "fingerprint": state.gate.fingerprint,
+        "qualification_id": state.gate.qualification_id,
+        "reasons": reasons,
+    }
+    return JSONResponse(body, status_code=200 if not reasons else 503)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, object]:
+    state = _state(request)
+    return {
+        "object": "list",
+        "data": [{"id": state.model_name, "object": "model", "created": _CREATED, "owned_by": "moss-gateway"}],
+    }
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = _state(request)
+    state.metrics.engine_ready.set(1 if state.engine_status is EngineStatus.READY else 0)
+    state.metrics.qualified.set(1 if state.gate.open else 0)
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)

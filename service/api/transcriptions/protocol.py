@@ -1,0 +1,139 @@
+"""Wire models of the transcription endpoint (OpenAI's shapes plus our evidence)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.errors import ErrorCode, GatewayError
+
+#: Upper bound on any output budget a client may ask for (the engine context caps it further).
+ABSURD_BUDGET = 1_000_000
+
+
+class ResponseFormat(str, enum.Enum):
+    JSON = "json"
+    TEXT = "text"
+    VERBOSE_JSON = "verbose_json"
+    SRT = "srt"
+    VTT = "vtt"
+    DIARIZED_JSON = "diarized_json"
+
+    @property
+    def can_stream(self) -> bool:
+        """Server-sent events carry JSON events; subtitle files only make sense whole."""
+        return self in (ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON, ResponseFormat.VERBOSE_JSON)
+
+
+@dataclass(frozen=True)
+class TranscriptionParams:
+    """Validated form fields of one request."""
+
+    model: str | None
+    instruction_override: str | None
+    hotwords: tuple[str, ...]
+    language: str | None
+    response_format: ResponseFormat
+    temperature: float
+    timestamp_granularities: tuple[str, ...]
+    stream: bool
+    max_completion_tokens: int | None
+    budget_field: str = "max_completion_tokens"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_response_format(raw: str | None) -> ResponseFormat:
+    value = (raw or "json").strip().lower()
+    try:
+        return ResponseFormat(value)
+    except ValueError:
+        allowed = ", ".join(item.value for item in ResponseFormat)
+        raise GatewayError(
+            ErrorCode.INVALID_RESPONSE_FORMAT,
+            f"Unknown response_format '{raw}'. Supported: {allowed}.",
+            param="response_format",
+        ) from None
+
+
+def parse_budget(max_completion_tokens: str | None, max_new_tokens: str | None) -> tuple[int | None, str]:
+    """The output budget from `max_completion_tokens` or its alias `max_new_tokens`.
+
+    Never ignored silently: both given and different is an error, and a value
+    that is not a positive integer below an absurd bound is refused.
+    """
+    given = {
+        name: value
+        for name, value in (("max_completion_tokens", max_completion_tokens), ("max_new_tokens", max_new_tokens))
+        if value is not None and str(value).strip() != ""
+    }
+    if not given:
+        return None, "max_completion_tokens"
+    parsed: dict[str, int] = {}
+    for name, value in given.items():
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise GatewayError(
+                ErrorCode.INVALID_BUDGET, f"{name} must be an integer, got '{value}'.", param=name
+            ) from None
+        if number < 1 or number > ABSURD_BUDGET:
+            raise GatewayError(
+                ErrorCode.INVALID_BUDGET,
+                f"{name}={number} is out of range: it must be between 1 and {ABSURD_BUDGET}.",
+                param=name,
+            )
+        parsed[name] = number
+    if len(set(parsed.values())) > 1:
+        raise GatewayError(
+            ErrorCode.INVALID_BUDGET,
+            f"max_completion_tokens={parsed['max_completion_tokens']} and its alias "
+            f"max_new_tokens={parsed['max_new_tokens']} disagree; send one.",
+            param="max_new_tokens",
+        )
+    name = next(iter(parsed))
+    return parsed[name], name
+
+
+def parse_temperature(raw: str | None) -> float:
+    if raw is None or str(raw).strip() == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"temperature must be a number, got '{raw}'.", param="temperature") from None
+    if not 0.0 <= value <= 2.0:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST, f"temperature={value:g} is out of range [0, 2].", param="temperature"
+        )
+    return value
+
+
+def parse_bool(raw: str | None, *, param: str) -> bool:
+    if raw is None or str(raw).strip() == "":
+        return False
+    value = str(raw).strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise GatewayError(ErrorCode.INVALID_REQUEST, f"{param} must be true or false, got '{raw}'.", param=param)
+
+
+def parse_granularities(raw: list[str]) -> tuple[str, ...]:
+    allowed = {"segment", "word"}
+    values = tuple(item.strip() for item in raw if item.strip())
+    unknown = [item for item in values if item not in allowed]
+    if unknown:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"timestamp_granularities: unknown value(s) {unknown}; supported: segment, word.",
+            param="timestamp_granularities[]",
+        )
+    if "word" in values:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            "timestamp_granularities=word is not supported: MOSS-Transcribe-Diarize writes segment timestamps only.",
+            param="timestamp_granularities[]",
+        )
+    return values

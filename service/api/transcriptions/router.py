@@ -1,0 +1,92 @@
+"""POST /v1/audio/transcriptions: gathers the form, hands it to the service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import Response
+
+from service.api.transcriptions.protocol import (
+    TranscriptionParams,
+    parse_bool,
+    parse_budget,
+    parse_granularities,
+    parse_response_format,
+    parse_temperature,
+)
+from service.api.transcriptions.serving import TranscriptionService
+from service.errors import ErrorCode, GatewayError
+from service.prompt import parse_hotwords
+from service.state import GatewayState
+
+router = APIRouter()
+
+OptionalForm = Annotated[str | None, Form()]
+
+
+def _check_model(state: GatewayState, model: str | None) -> None:
+    if model is None or model.strip() == "":
+        return
+    accepted = {state.model_name, state.settings.engine.model or state.model_name}
+    if model not in accepted:
+        raise GatewayError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"The model '{model}' is not served here; GET /v1/models lists '{state.model_name}'.",
+            param="model",
+        )
+
+
+@router.post("/v1/audio/transcriptions", response_model=None)
+async def create_transcription(
+    request: Request,
+    file: Annotated[UploadFile | None, File(description="The audio file.")] = None,
+    model: OptionalForm = None,
+    prompt: Annotated[str | None, Form(description="A custom instruction replacing the default one.")] = None,
+    hotwords: Annotated[str | None, Form(description="Comma-separated hotwords, appended to the instruction.")] = None,
+    language: Annotated[str | None, Form(description="Recorded only: the model has no language token.")] = None,
+    response_format: OptionalForm = None,
+    temperature: OptionalForm = None,
+    timestamp_granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
+    stream: OptionalForm = None,
+    max_completion_tokens: OptionalForm = None,
+    max_new_tokens: Annotated[str | None, Form(description="Alias of max_completion_tokens.")] = None,
+) -> Response:
+    state: GatewayState = request.app.state.gateway
+    if file is None or isinstance(file, str):
+        raise GatewayError(
+            ErrorCode.MISSING_FILE,
+            "No audio file was uploaded: send it as the multipart form field 'file'.",
+            param="file",
+        )
+    fmt = parse_response_format(response_format)
+    wants_stream = parse_bool(stream, param="stream")
+    if wants_stream and not fmt.can_stream:
+        raise GatewayError(
+            ErrorCode.STREAM_NOT_SUPPORTED,
+            f"response_format '{fmt.value}' cannot be streamed; use json, text, verbose_json or diarized_json "
+            f"with stream=true, or stream=false for {fmt.value}.",
+            param="stream",
+        )
+    budget, budget_field = parse_budget(max_completion_tokens, max_new_tokens)
+    params = TranscriptionParams(
+        model=model,
+        instruction_override=prompt,
+        hotwords=tuple(parse_hotwords(hotwords)),
+        language=language,
+        response_format=fmt,
+        temperature=parse_temperature(temperature),
+        timestamp_granularities=parse_granularities(timestamp_granularities or []),
+        stream=wants_stream,
+        max_completion_tokens=budget,
+        budget_field=budget_field,
+    )
+    _check_model(state, model)
+    service = TranscriptionService(state)
+    data = await file.read()
+    job = await service.prepare(params, data, file.filename)
+    del data
+    if params.stream:
+        return service.stream_response(job)
+    outcome = await service.run(job, request.is_disconnected)
+    return service.respond(outcome)

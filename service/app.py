@@ -1,0 +1,163 @@
+"""The app factory and the lifespan that owns the engine.
+
+`create_app` builds a fresh app around one settings object; nothing heavy runs
+at import time. The engine starts in the background once the server is up, so
+/health answers at once while /ready waits for the engine and the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from fastapi import FastAPI
+
+from service import __version__
+from service.api import admin, system
+from service.api.transcriptions import router as transcriptions
+from service.engine.protocol import TranscriptionEngine
+from service.errors import install_error_handlers
+from service.ledger import JsonLinesLedger
+from service.metrics import GatewayMetrics
+from service.settings import GatewaySettings
+from service.state import EngineStatus, GatewayState
+from service.upload_limit import UploadLimitMiddleware
+
+logger = logging.getLogger(__name__)
+
+
+class StartableEngine(TranscriptionEngine, Protocol):
+    def start(self) -> None:
+        """Load the engine (blocking; runs in a worker thread)."""
+        ...
+
+
+EngineFactory = Callable[[GatewaySettings], StartableEngine]
+#: Runs once the engine is ready: resolves the identity and opens or keeps closed the gate.
+ReadyHook = Callable[[GatewayState], Awaitable[None]]
+
+
+def resolve_model_dir(settings: GatewaySettings) -> Path:
+    """The checkpoint directory: the configured one, or the embedded tiny checkpoint."""
+    if settings.engine.model is None:
+        from service.checkpoint import ensure_tiny_checkpoint
+
+        return ensure_tiny_checkpoint(settings.cache_dir)
+    path = Path(settings.engine.model).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(settings.engine.model, revision=settings.engine.revision))
+
+
+def model_name(settings: GatewaySettings) -> str:
+    if settings.engine.served_model_name:
+        return settings.engine.served_model_name
+    if settings.engine.model is None:
+        from service.checkpoint import TINY_CHECKPOINT_NAME
+
+        return TINY_CHECKPOINT_NAME
+    return Path(settings.engine.model).name or settings.engine.model
+
+
+def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
+    from service.engine.vllm_engine import VllmTranscriptionEngine
+
+    return VllmTranscriptionEngine(
+        settings.engine,
+        model_dir=resolve_model_dir(settings),
+        max_num_batched_tokens=settings.effective_max_num_batched_tokens,
+        max_audio_samples=int(settings.max_duration_s * 16_000),
+    )
+
+
+async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> None:
+    def build() -> StartableEngine:
+        engine = factory(state.settings)
+        engine.start()
+        return engine
+
+    try:
+        state.engine = await asyncio.to_thread(build)
+    except Exception as exc:
+        logger.exception("engine failed to start")
+        state.engine_status = EngineStatus.FAILED
+        state.engine_error = f"{type(exc).__name__}: {exc}"
+        return
+    state.engine_status = EngineStatus.READY
+    state.metrics.engine_ready.set(1)
+    if on_ready is not None:
+        try:
+            await on_ready(state)
+        except Exception as exc:
+            logger.exception("start-up qualification step failed")
+            state.gate.reason = f"start-up qualification step failed: {type(exc).__name__}: {exc}"
+
+
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    engine_factory: EngineFactory | None = None,
+    on_ready: ReadyHook | None = None,
+) -> FastAPI:
+    """A new gateway app; `engine_factory` defaults to the real vLLM engine."""
+    settings = settings or GatewaySettings()
+    factory = engine_factory or vllm_engine_factory
+    if on_ready is None and engine_factory is None:
+        from service.gate import open_gate_from_records
+
+        on_ready = open_gate_from_records
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state: GatewayState = app.state.gateway
+        starter = asyncio.create_task(_start_engine(state, factory, on_ready))
+        state.background.add(starter)
+        try:
+            yield
+        finally:
+            state.engine_status = EngineStatus.STOPPING
+            for task in list(state.background):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            if state.engine is not None:
+                await state.engine.shutdown()
+
+    app = FastAPI(
+        title="MOSS-Transcribe-Diarize gateway",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible transcription on a qualified, pinned vLLM engine.",
+    )
+    app.state.gateway = GatewayState(
+        settings=settings,
+        model_name=model_name(settings),
+        metrics=GatewayMetrics(),
+        request_ledger=JsonLinesLedger(settings.state_dir / "ledger" / "requests.jsonl"),
+    )
+    install_error_handlers(app)
+    app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
+    app.include_router(system.router)
+    app.include_router(admin.router)
+    app.include_router(transcriptions.router)
+    _install_request_metrics(app)
+    return app
+
+
+def _install_request_metrics(app: FastAPI) -> None:
+    """Count every response by route template, status and error code."""
+
+    @app.middleware("http")
+    async def count(request: Any, call_next: Any) -> Any:
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        code = response.headers.get("x-error-code", "")
+        app.state.gateway.metrics.requests.labels(path, str(response.status_code), code).inc()
+        return response

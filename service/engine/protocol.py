@@ -1,0 +1,109 @@
+"""The small interface between the gateway and an inference engine.
+
+The gateway needs more than text from the engine: the generated token IDs, the
+finish and stop reasons and the prompt length are the stop evidence every
+response carries. Both the real vLLM engine and the unit tests' fake engine
+implement `TranscriptionEngine`; nothing else in the gateway knows about vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+#: What the engine says about why a sequence ended (vLLM's own words).
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One transcription job as the engine sees it."""
+
+    request_id: str
+    audio: np.ndarray  # float32, mono, at the engine's sample rate
+    instruction: str
+    max_tokens: int
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    want_logprobs: int | None = None
+
+
+@dataclass
+class EngineTimings:
+    """Monotonic timestamps (seconds) taken by the engine adapter."""
+
+    submitted: float
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.submitted
+
+    @property
+    def decode_time_s(self) -> float | None:
+        if self.first_token is None or self.finished is None:
+            return None
+        return self.finished - self.first_token
+
+
+@dataclass
+class GenerationUpdate:
+    """A step of a generation: the new text and tokens since the previous update.
+
+    The last update of a stream has `finished=True` and carries the finish and
+    stop reasons; the adapter also fills `all_token_ids`, the full sequence.
+    """
+
+    text_delta: str
+    token_ids_delta: list[int]
+    num_generated: int
+    prompt_token_count: int
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    all_token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    timings: EngineTimings | None = None
+    logprobs: list[dict[int, float]] | None = None
+
+
+class EngineDeadError(RuntimeError):
+    """The engine cannot serve anymore (its process died or it raised)."""
+
+
+class TranscriptionEngine(Protocol):
+    """What the gateway needs from an engine."""
+
+    sample_rate: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...]
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
+        """Stream updates; closing the iterator early aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError when the engine cannot serve."""
+        ...
+
+    def count_prompt_tokens(self, num_samples: int, instruction: str) -> int:
+        """Exact prompt length for audio of `num_samples` with this instruction."""
+        ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def num_running_requests(self) -> int: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Everything about the engine that can change its output (for the backend identity)."""
+        ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,285 @@
+"""The real engine: vLLM in-process through its public Python API.
+
+vLLM's own HTTP server is not used because the gateway needs what it does not
+return: generated token IDs, finish and stop reasons, streaming deltas and
+abort. The engine core runs in vLLM's child process; this adapter lives in the
+gateway's process and owns the `AsyncLLM` client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.engine.protocol import (
+    EngineDeadError,
+    EngineTimings,
+    GenerationRequest,
+    GenerationUpdate,
+)
+from service.prompt import AUDIO_PLACEHOLDER, build_prompt
+from service.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def checkpoint_eos_token_ids(model_dir: Path, tokenizer: Any) -> tuple[int, ...]:
+    """End tokens as the checkpoint's generation config declares them (then the tokenizer's)."""
+    declared = _read_json(model_dir / "generation_config.json").get("eos_token_id")
+    if declared is None:
+        declared = tokenizer.eos_token_id
+    ids = declared if isinstance(declared, list) else [declared]
+    return tuple(int(token_id) for token_id in ids if token_id is not None)
+
+
+def kv_bytes_per_token_bf16(model_dir: Path) -> int:
+    """Decoder KV-cache bytes per token in BF16, from the checkpoint's own config."""
+    text = _read_json(model_dir / "config.json").get("text_config", {})
+    layers = int(text.get("num_hidden_layers", 0))
+    kv_heads = int(text.get("num_key_value_heads", text.get("num_attention_heads", 0)))
+    head_dim = int(text.get("head_dim") or (int(text.get("hidden_size", 0)) // max(1, int(text.get("num_attention_heads", 1)))))
+    return layers * kv_heads * head_dim * 2 * 2
+
+
+class VllmTranscriptionEngine:
+    """`TranscriptionEngine` on vLLM's `AsyncLLM`."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        model_dir: Path,
+        max_num_batched_tokens: int,
+        max_audio_samples: int,
+    ) -> None:
+        self._settings = settings
+        self.model_dir = model_dir
+        self._max_num_batched_tokens = max_num_batched_tokens
+        self._max_audio_samples = max_audio_samples
+        self._engine: Any = None
+        self._processor: Any = None
+        self._template_token_count: dict[str, int] = {}
+        self.max_model_len = 0
+        self.eos_token_ids: tuple[int, ...] = ()
+        self.kv_bytes_per_token_bf16 = kv_bytes_per_token_bf16(model_dir)
+        self.load_time_s: float | None = None
+
+    # -- start and stop -------------------------------------------------
+    def engine_args(self) -> Any:
+        from vllm import AsyncEngineArgs
+
+        s = self._settings
+        kwargs: dict[str, Any] = dict(
+            model=str(self.model_dir),
+            revision=s.revision,
+            served_model_name=s.served_model_name,
+            trust_remote_code=True,
+            dtype=s.dtype,
+            max_model_len=s.max_model_len,
+            max_num_batched_tokens=self._max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+            kv_cache_dtype=s.kv_cache_dtype,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            kv_cache_memory_bytes=s.kv_cache_memory_bytes,
+            enforce_eager=s.enforce_eager,
+            quantization=s.quantization,
+            data_parallel_size=s.data_parallel_size,
+            seed=s.seed,
+            limit_mm_per_prompt={"audio": {"count": 1, "length": self._max_audio_samples}},
+            disable_log_stats=False,
+        )
+        if s.enable_chunked_prefill is not None:
+            kwargs["enable_chunked_prefill"] = s.enable_chunked_prefill
+        return AsyncEngineArgs(**kwargs)
+
+    def start(self) -> None:
+        """Build the engine (blocking: call it from a worker thread)."""
+        from transformers import AutoProcessor
+        from vllm import AsyncLLMEngine
+
+        started = time.monotonic()
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self._processor = AutoProcessor.from_pretrained(
+            str(self.model_dir), trust_remote_code=True, revision=self._settings.revision
+        )
+        self._engine = AsyncLLMEngine.from_engine_args(self.engine_args())
+        self.max_model_len = int(self._engine.model_config.max_model_len)
+        self.eos_token_ids = checkpoint_eos_token_ids(self.model_dir, self._processor.tokenizer)
+        self.load_time_s = time.monotonic() - started
+        logger.info("engine ready in %.1f s (max_model_len=%d)", self.load_time_s, self.max_model_len)
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.shutdown)
+
+    @property
+    def vllm_config(self) -> Any:
+        return None if self._engine is None else self._engine.vllm_config
+
+    # -- the protocol --------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._processor.tokenizer
+
+    def count_prompt_tokens(self, num_samples: int, instruction: str) -> int:
+        if instruction not in self._template_token_count:
+            ids = self.tokenizer.encode(build_prompt(instruction), add_special_tokens=False)
+            placeholder = self.tokenizer.encode(AUDIO_PLACEHOLDER, add_special_tokens=False)
+            self._template_token_count[instruction] = len(ids) - len(placeholder)
+        return self._template_token_count[instruction] + self.audio_span_length(num_samples)
+
+    def audio_span_length(self, num_samples: int) -> int:
+        """Tokens the processor puts between and including audio start and end."""
+        from service.budget import audio_token_count
+
+        span = self._processor._audio_span_ids(audio_token_count(num_samples))
+        return len(span) + 2
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
+
+    def num_running_requests(self) -> int:
+        return 0 if self._engine is None else int(self._engine.get_num_unfinished_requests())
+
+    async def check_health(self) -> None:
+        if self._engine is None:
+            raise EngineDeadError("engine not started")
+        if self._engine.errored:
+            raise EngineDeadError(f"engine died: {self._engine.dead_error!r}")
+        await self._engine.check_health()
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._engine is None or self._engine.errored:
+            raise EngineDeadError("engine is not running")
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            ignore_eos=request.ignore_eos,
+            skip_special_tokens=True,
+            logprobs=request.want_logprobs,
+            output_kind=RequestOutputKind.DELTA,
+            seed=self._settings.seed if request.temperature > 0 else None,
+        )
+        prompt = {
+            "prompt": build_prompt(request.instruction),
+            "multi_modal_data": {"audio": (np.asarray(request.audio, dtype=np.float32), self.sample_rate)},
+        }
+        timings = EngineTimings(submitted=time.monotonic())
+        all_ids: list[int] = []
+        text_parts: list[str] = []
+        finished = False
+        try:
+            async for output in self._engine.generate(prompt, params, request.request_id):
+                completion = output.outputs[0]
+                new_ids = list(completion.token_ids)
+                if new_ids and timings.first_token is None:
+                    timings.first_token = time.monotonic()
+                all_ids.extend(new_ids)
+                text_parts.append(completion.text)
+                finished = bool(output.finished)
+                update = GenerationUpdate(
+                    text_delta=completion.text,
+                    token_ids_delta=new_ids,
+                    num_generated=len(all_ids),
+                    prompt_token_count=len(output.prompt_token_ids or ()),
+                    finished=finished,
+                    logprobs=_logprob_dicts(completion.logprobs),
+                )
+                if finished:
+                    timings.finished = time.monotonic()
+                    update.finish_reason = completion.finish_reason  # type: ignore[assignment]
+                    update.stop_reason = completion.stop_reason
+                    update.all_token_ids = all_ids
+                    update.text = "".join(text_parts)
+                    update.timings = timings
+                yield update
+        except Exception as exc:
+            if self._engine is not None and self._engine.errored:
+                raise EngineDeadError(str(exc)) from exc
+            raise
+        finally:
+            if not finished and self._engine is not None:
+                # The consumer went away (client disconnect): free the engine's slot.
+                await self._engine.abort(request.request_id)
+
+    async def attention_backends(self) -> list[str]:
+        """The attention backends the engine's workers actually selected."""
+        if self._engine is None:
+            return []
+        import cloudpickle
+
+        try:
+            per_worker = await self._engine.collective_rpc(cloudpickle.dumps(_worker_attention_backends), timeout=30)
+        except Exception as exc:  # the identity records that it could not be read
+            logger.warning("could not read the attention backend from the workers: %s", exc)
+            return ["unknown"]
+        return sorted({name for names in per_worker for name in names})
+
+    def describe(self) -> dict[str, Any]:
+        """Engine facts that can change the output (the identity issue extends this)."""
+        config = self.vllm_config
+        if config is None:
+            return {}
+        model_config = config.model_config
+        cache_config = config.cache_config
+        scheduler = config.scheduler_config
+        compilation = config.compilation_config
+        return {
+            "dtype": str(model_config.dtype).removeprefix("torch."),
+            "max_model_len": int(model_config.max_model_len),
+            "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
+            "max_num_seqs": int(scheduler.max_num_seqs),
+            "chunked_prefill": bool(scheduler.enable_chunked_prefill),
+            "kv_cache_dtype": str(cache_config.cache_dtype),
+            "enforce_eager": bool(model_config.enforce_eager),
+            "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
+            "quantization": model_config.quantization,
+            "data_parallel_size": int(config.parallel_config.data_parallel_size),
+            "seed": self._settings.seed,
+        }
+
+
+def _worker_attention_backends(worker: Any) -> list[str]:
+    """Runs inside the engine's worker process (via collective_rpc)."""
+    runner = getattr(worker, "model_runner", None)
+    names: set[str] = set()
+    for groups in getattr(runner, "attn_groups", None) or []:
+        for group in groups:
+            names.add(str(group.backend.get_name()))
+    return sorted(names)
+
+
+def _logprob_dicts(logprobs: Any) -> list[dict[int, float]] | None:
+    if not logprobs:
+        return None
+    return [{int(token_id): float(entry.logprob) for token_id, entry in step.items()} for step in logprobs]

@@ -1,0 +1,182 @@
+"""One settings model for the whole gateway.
+
+Every field can be set from the environment with the `MOSS_GATEWAY_` prefix and
+`__` between nested names (`MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN=131072`); the CLI
+builds on the same model. Cross-field rules are checked at start-up so a
+misconfigured gateway refuses to start instead of failing on the first request.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Audio tokens per second of input (16 kHz, hop 160, encoder stride 2, merge 4).
+AUDIO_TOKENS_PER_SECOND = 12.5
+#: The model's own single-pass limit (upstream): 90 minutes.
+NATIVE_MAX_DURATION_S = 90 * 60.0
+#: Default input limit for the embedded tiny checkpoint, sized for a CPU engine.
+EMBEDDED_MAX_DURATION_S = 120.0
+
+
+class ServerSettings(BaseModel):
+    """HTTP front."""
+
+    host: str = Field("127.0.0.1", description="Interface to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for /admin/* routes. Unset: admin routes refuse everything.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class EngineSettings(BaseModel):
+    """The in-process vLLM engine. Every field here is part of the backend identity."""
+
+    model: str | None = Field(
+        None,
+        description="Checkpoint directory or Hugging Face repo id. Unset: the embedded tiny checkpoint.",
+    )
+    revision: str | None = Field(None, description="Checkpoint revision (commit) to pin.")
+    served_model_name: str | None = Field(
+        None, description="Name reported by /v1/models and accepted in `model`. Default: derived from `model`."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int | None = Field(
+        None, gt=0, description="Context length (prompt + output). Unset: the checkpoint's."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Scheduler token budget; it also sizes vLLM's encoder cache, which must hold a whole audio item. "
+            "Unset: the audio tokens of the longest accepted input (12.5 per second), at least 2048."
+        ),
+    )
+    max_num_seqs: int = Field(16, gt=0, description="Most requests decoded in one batch.")
+    kv_cache_dtype: str = Field("auto", description="'auto', 'fp8', 'fp8_e4m3', ...")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Device memory fraction for the engine.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="Fixed KV-cache size in bytes (overrides the memory fraction; CPU: sizes the cache)."
+    )
+    enforce_eager: bool = Field(False, description="Disable CUDA/HIP graph capture.")
+    enable_chunked_prefill: bool | None = Field(None, description="Unset: vLLM's default.")
+    quantization: str | None = None
+    data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
+    seed: int = 0
+
+
+class AudioSettings(BaseModel):
+    """What the gateway accepts."""
+
+    max_upload_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Upload size cap, enforced while streaming.")
+    max_duration_s: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Longest decoded audio accepted in one pass. Unset: the model's 90 minutes, or "
+            f"{EMBEDDED_MAX_DURATION_S:g} s for the embedded tiny checkpoint (CPU-sized)."
+        ),
+    )
+    min_duration_s: float = Field(
+        0.1, gt=0, description="Shortest decoded audio accepted; below it the model has too little to transcribe."
+    )
+
+
+class BudgetSettings(BaseModel):
+    """Output-token budget rules (see service/budget.py)."""
+
+    observed_tokens_per_second: float = Field(12.75, gt=0, description="Measured output density (dense podcast).")
+    conservative_tokens_per_second: float = Field(20.0, gt=0, description="Default budget density.")
+    minimum_budget: int = Field(64, gt=0, description="Floor of the default budget for very short clips.")
+    coverage_margin_s: float = Field(
+        2.0, ge=0, description="Uncovered audio tail beyond which a response is flagged truncated."
+    )
+
+
+class QualificationSettings(BaseModel):
+    """The gate: no transcription before the serving backend matched the reference."""
+
+    policy: Literal["strict", "explainable"] = "explainable"
+    margin_tolerance: float = Field(
+        0.05, ge=0, description="Reference top-2 logit margin below which a divergence is a near-tie."
+    )
+    max_new_tokens: int = Field(256, gt=0, description="Budget of both qualification runs.")
+    batch_size: int = Field(8, ge=1, description="Concurrent requests in the batch-invariance run.")
+    qualify_on_start: bool | None = Field(
+        None,
+        description="Run the qualification at start-up. Unset: on for the embedded tiny checkpoint, off otherwise.",
+    )
+    reference_device: str = Field("cpu", description="Device of the Transformers reference.")
+    reference_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway needs to start."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MOSS_GATEWAY_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    state_dir: Path = Field(
+        Path("state"),
+        description="Where qualification records, the request ledger and evidence bundles live.",
+    )
+    cache_dir: Path | None = Field(None, description="Build cache (tiny checkpoint). Unset: ~/.cache/moss-gateway.")
+    server: ServerSettings = ServerSettings()
+    engine: EngineSettings = EngineSettings()
+    audio: AudioSettings = AudioSettings()
+    budget: BudgetSettings = BudgetSettings()
+    qualification: QualificationSettings = QualificationSettings()
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> GatewaySettings:
+        if self.audio.min_duration_s >= self.max_duration_s:
+            raise ValueError("audio.min_duration_s must be below audio.max_duration_s")
+        if self.max_duration_s > NATIVE_MAX_DURATION_S:
+            raise ValueError(
+                f"audio.max_duration_s={self.max_duration_s:g} exceeds the model's native single-pass "
+                f"limit of {NATIVE_MAX_DURATION_S:g} s"
+            )
+        needed = self.encoder_tokens_needed
+        batched = self.engine.max_num_batched_tokens
+        if batched is not None and batched < needed:
+            raise ValueError(
+                f"engine.max_num_batched_tokens={batched} cannot hold the {needed} audio tokens of the longest "
+                f"accepted input ({self.max_duration_s:g} s at {AUDIO_TOKENS_PER_SECOND} tokens/s); "
+                f"raise it or lower audio.max_duration_s"
+            )
+        return self
+
+    @property
+    def uses_embedded_checkpoint(self) -> bool:
+        return self.engine.model is None
+
+    @property
+    def max_duration_s(self) -> float:
+        """The effective input limit (see AudioSettings.max_duration_s)."""
+        if self.audio.max_duration_s is not None:
+            return self.audio.max_duration_s
+        return EMBEDDED_MAX_DURATION_S if self.uses_embedded_checkpoint else NATIVE_MAX_DURATION_S
+
+    @property
+    def encoder_tokens_needed(self) -> int:
+        """Audio embedding tokens of the longest accepted input (what the encoder cache must hold)."""
+        return math.ceil(self.max_duration_s * AUDIO_TOKENS_PER_SECOND)
+
+    @property
+    def effective_max_num_batched_tokens(self) -> int:
+        return self.engine.max_num_batched_tokens or max(2048, self.encoder_tokens_needed)
+
+    @property
+    def should_qualify_on_start(self) -> bool:
+        flag = self.qualification.qualify_on_start
+        return self.uses_embedded_checkpoint if flag is None else flag
