@@ -212,7 +212,7 @@ async def qualify(
     say(f"clip {clip.name}: {clip.duration_s:.2f} s, sha256 {clip.sha256_file[:12]}")
     store = RecordStore(state_dir / "qualification")
     reference = await run_reference_subprocess(
-        model_dir=model_dir, clip=clip, instruction=instruction, settings=settings,
+        model_dir=settings.reference_model or model_dir, clip=clip, instruction=instruction, settings=settings,
         cache_dir=store.root / "reference-cache", progress=say,
     )
     say("candidate: single request on the serving engine")

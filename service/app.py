@@ -65,11 +65,18 @@ def model_name(settings: GatewaySettings) -> str:
     return Path(settings.engine.model).name or settings.engine.model
 
 
+#: KV cache of the embedded tiny checkpoint when none is configured (plenty for its 64-wide decoder).
+EMBEDDED_KV_CACHE_BYTES = 256 << 20
+
+
 def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
     from service.engine.vllm_engine import VllmTranscriptionEngine
 
+    engine_settings = settings.engine
+    if settings.uses_embedded_checkpoint and engine_settings.kv_cache_memory_bytes is None:
+        engine_settings = engine_settings.model_copy(update={"kv_cache_memory_bytes": EMBEDDED_KV_CACHE_BYTES})
     return VllmTranscriptionEngine(
-        settings.engine,
+        engine_settings,
         model_dir=resolve_model_dir(settings),
         max_num_batched_tokens=settings.effective_max_num_batched_tokens,
         max_audio_samples=int(settings.max_duration_s * 16_000),

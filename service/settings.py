@@ -112,8 +112,23 @@ class QualificationSettings(BaseModel):
         None,
         description="Run the qualification at start-up. Unset: on for the embedded tiny checkpoint, off otherwise.",
     )
+    reference_model: Path | None = Field(
+        None,
+        description=(
+            "Checkpoint the Transformers reference loads. Unset: the engine's own checkpoint. Set it to a pristine "
+            "copy when the engine serves a converted one."
+        ),
+    )
     reference_device: str = Field("cpu", description="Device of the Transformers reference.")
     reference_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class EvidenceSettings(BaseModel):
+    """Per-request evidence bundles (token IDs, progress checkpoints, stop and budget records)."""
+
+    capture_all: bool = Field(False, description="Keep the full bundle of every request (else only on request).")
+    checkpoint_every_tokens: int = Field(256, gt=0, description="Progress checkpoint interval in tokens.")
+    checkpoint_every_s: float = Field(30.0, gt=0, description="Progress checkpoint interval in seconds.")
 
 
 class GatewaySettings(BaseSettings):
@@ -136,6 +151,7 @@ class GatewaySettings(BaseSettings):
     audio: AudioSettings = AudioSettings()
     budget: BudgetSettings = BudgetSettings()
     qualification: QualificationSettings = QualificationSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
 
     @model_validator(mode="after")
     def _check_limits(self) -> GatewaySettings:

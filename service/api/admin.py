@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -136,6 +138,20 @@ async def list_records(request: Request, _: Admin) -> dict[str, Any]:
             for check in checks
         ]
     }
+
+
+_REQUEST_ID = re.compile(r"^trsc-[0-9a-f]{32}$")
+
+
+@router.get("/admin/evidence/{request_id}")
+async def get_evidence(request: Request, request_id: str, _: Admin) -> JSONResponse:
+    """The full evidence bundle of one request (kept when capture was on)."""
+    from service.api.transcriptions.serving import evidence_path
+
+    path = evidence_path(_state(request), request_id)
+    if not _REQUEST_ID.match(request_id) or not path.is_file():
+        raise GatewayError(ErrorCode.NOT_FOUND, f"No evidence bundle for request '{request_id}'.")
+    return JSONResponse(json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8")))
 
 
 @router.get("/v1/backend")

@@ -40,6 +40,8 @@ class TranscriptionParams:
     stream: bool
     max_completion_tokens: int | None
     budget_field: str = "max_completion_tokens"
+    ignore_eos: bool = False  # admin-only: forces the full budget (benchmarks, tests)
+    capture_evidence: bool = False  # admin-only: keep the full evidence bundle of this request
     extra: dict[str, Any] = field(default_factory=dict)
 
 

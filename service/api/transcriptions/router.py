@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import Response
 
+from service.api.admin import require_admin
 from service.api.transcriptions.protocol import (
     TranscriptionParams,
     parse_bool,
@@ -51,6 +52,8 @@ async def create_transcription(
     stream: OptionalForm = None,
     max_completion_tokens: OptionalForm = None,
     max_new_tokens: Annotated[str | None, Form(description="Alias of max_completion_tokens.")] = None,
+    ignore_eos: Annotated[str | None, Form(description="Admin only: generate the whole budget.")] = None,
+    capture_evidence: Annotated[str | None, Form(description="Admin only: keep the full evidence bundle.")] = None,
 ) -> Response:
     state: GatewayState = request.app.state.gateway
     if file is None or isinstance(file, str):
@@ -69,6 +72,10 @@ async def create_transcription(
             param="stream",
         )
     budget, budget_field = parse_budget(max_completion_tokens, max_new_tokens)
+    force_budget = parse_bool(ignore_eos, param="ignore_eos")
+    keep_evidence = parse_bool(capture_evidence, param="capture_evidence")
+    if force_budget or keep_evidence:
+        require_admin(request)
     params = TranscriptionParams(
         model=model,
         instruction_override=prompt,
@@ -80,6 +87,8 @@ async def create_transcription(
         stream=wants_stream,
         max_completion_tokens=budget,
         budget_field=budget_field,
+        ignore_eos=force_budget,
+        capture_evidence=keep_evidence or state.settings.evidence.capture_all,
     )
     _check_model(state, model)
     service = TranscriptionService(state)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -28,6 +29,7 @@ from service.engine.protocol import EngineDeadError, EngineTimings, GenerationRe
 from service.errors import ErrorCode, GatewayError
 from service.evidence import Coverage, StopRecord, classify_stop, measure_coverage, truncation_reasons
 from service.formats import render_srt, render_vtt
+from service.ledger import write_json_atomic
 from service.prompt import build_instruction
 from service.state import GatewayState
 from service.transcript import ParsedTranscript, Segment, parse_transcript
@@ -51,6 +53,7 @@ class PreparedJob:
     instruction: str
     started: float
     received_at: str
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class TranscriptionService:
             instruction=job.instruction,
             max_tokens=job.budget.max_tokens,
             temperature=job.params.temperature,
+            ignore_eos=job.params.ignore_eos,
         )
 
     # -- running ------------------------------------------------------------
@@ -145,6 +149,9 @@ class TranscriptionService:
         metrics = self.state.metrics
         metrics.in_flight.inc()
         next_log = PROGRESS_EVERY_TOKENS
+        evidence = self.state.settings.evidence
+        next_checkpoint_tokens = evidence.checkpoint_every_tokens
+        next_checkpoint_at = time.monotonic() + evidence.checkpoint_every_s
         try:
             stream = engine.generate(self._engine_request(job))
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
@@ -154,6 +161,13 @@ class TranscriptionService:
                         logger.info(
                             "%s: %d/%d tokens generated", job.request_id, update.num_generated, job.budget.max_tokens
                         )
+                    now = time.monotonic()
+                    if job.params.capture_evidence and (
+                        update.num_generated >= next_checkpoint_tokens or now >= next_checkpoint_at or update.finished
+                    ):
+                        job.checkpoints.append(_checkpoint(job, update, now))
+                        next_checkpoint_tokens = update.num_generated + evidence.checkpoint_every_tokens
+                        next_checkpoint_at = now + evidence.checkpoint_every_s
                     yield update
         except EngineDeadError as exc:
             self.state.engine_error = str(exc)
@@ -293,6 +307,39 @@ class TranscriptionService:
             "timings": self.evidence(outcome)["timings"],
         }
         await asyncio.to_thread(self.state.request_ledger.append, line)
+        if job.params.capture_evidence:
+            await asyncio.to_thread(self._write_bundle, outcome)
+
+    def _write_bundle(self, outcome: Outcome) -> None:
+        """The full evidence bundle of one request (admin: GET /admin/evidence/{request_id})."""
+        engine = self.state.require_engine()
+        job, ids = outcome.job, outcome.token_ids
+        bundle = {
+            "request_id": job.request_id,
+            "time": job.received_at,
+            "fingerprint": self.state.gate.fingerprint,
+            "generation": {
+                "max_tokens": job.budget.max_tokens,
+                "temperature": job.params.temperature,
+                "ignore_eos": job.params.ignore_eos,
+                "eos_token_ids": list(engine.eos_token_ids),
+                "instruction": job.instruction,
+                "skip_special_tokens": True,
+            },
+            "token_ids": ids,
+            "last_64": {
+                "token_ids": ids[-64:],
+                "text": engine.decode(ids[-64:], skip_special_tokens=True),
+                "text_with_special_tokens": engine.decode(ids[-64:], skip_special_tokens=False),
+            },
+            "checkpoints": job.checkpoints,
+            "stop": outcome.stop.as_dict(),
+            "budget": job.budget.as_dict(),
+            "coverage": outcome.coverage.as_dict(),
+            "truncation_reasons": outcome.truncation,
+            "raw_text": outcome.raw_text,
+        }
+        write_json_atomic(evidence_path(self.state, job.request_id), bundle)
 
     def account_abort(self, job: PreparedJob, final: GenerationUpdate | None) -> None:
         """A client that went away: counted as an `aborted` stop, and in the ledger."""
@@ -448,6 +495,32 @@ class TranscriptionService:
             "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
             "moss": self.evidence(outcome),
         })
+
+
+def evidence_path(state: GatewayState, request_id: str) -> Path:
+    return state.settings.state_dir / "evidence" / f"{request_id}.json"
+
+
+def _kv_cache_usage() -> float | None:
+    """vLLM's own KV-cache usage gauge, when the engine exports it."""
+    from prometheus_client import REGISTRY
+
+    for family in REGISTRY.collect():
+        if family.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            for sample in family.samples:
+                return float(sample.value)
+    return None
+
+
+def _checkpoint(job: PreparedJob, update: GenerationUpdate, now: float) -> dict[str, Any]:
+    elapsed = now - job.started
+    return {
+        "monotonic_s": round(now, 4),
+        "elapsed_s": round(elapsed, 4),
+        "generated_tokens": update.num_generated,
+        "tokens_per_s": round(update.num_generated / elapsed, 3) if elapsed > 0 else None,
+        "kv_cache_usage": _kv_cache_usage(),
+    }
 
 
 def diarized_segment(segment: Segment) -> dict[str, Any]:
