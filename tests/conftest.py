@@ -1,53 +1,20 @@
-"""Shared test helpers: audio makers and an app on the fake engine."""
+"""Fixtures shared by the unit tests: an app on the fake engine."""
 
 from __future__ import annotations
 
-import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import soundfile as sf
 from fastapi.testclient import TestClient
 
 from fake_engine import FakeEngine
+from helpers import AppFactory, open_gate, wait_ready
 from service.app import create_app
 from service.settings import GatewaySettings
 from service.state import GatewayState
-
-
-def make_wav(duration_s: float = 3.0, rate: int = 16_000, channels: int = 1, seed: int = 0) -> bytes:
-    """A deterministic tone-plus-noise WAV."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(duration_s * rate)) / rate
-    mono = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.01 * rng.standard_normal(t.size)
-    data = np.stack([mono] * channels, axis=1) if channels > 1 else mono
-    buffer = io.BytesIO()
-    sf.write(buffer, data.astype(np.float32), rate, format="WAV", subtype="PCM_16")
-    return buffer.getvalue()
-
-
-async def open_gate(state: GatewayState) -> None:
-    state.gate.open = True
-    state.gate.fingerprint = "f" * 64
-    state.gate.qualification_id = "q-test"
-    state.gate.reason = "opened by the test"
-
-
-def wait_ready(client: TestClient, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.get("/ready").status_code == 200:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"not ready: {client.get('/ready').json()}")
-
-
-AppFactory = Callable[..., tuple[TestClient, FakeEngine]]
-
 
 @pytest.fixture
 def fake_client(tmp_path: Path) -> Iterator[AppFactory]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import AppFactory, make_wav
+from helpers import AppFactory, make_wav
 from fake_engine import EOS, FakeEngine
 
 TOKEN = {"Authorization": "Bearer s3cret"}

