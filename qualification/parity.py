@@ -95,7 +95,7 @@ def compare_runs(
         )
 
     position = next(
-        (i for i, (a, b) in enumerate(zip(reference_ids, candidate_ids)) if a != b),
+        (i for i, (a, b) in enumerate(zip(reference_ids, candidate_ids, strict=False)) if a != b),
         min(len(reference_ids), len(candidate_ids)),
     )
     ref_id = reference_ids[position] if position < len(reference_ids) else None

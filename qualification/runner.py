@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +232,7 @@ async def qualify(
     device = identity.get("runtime", {}).get("accelerator", {}).get("kind", "cpu")
     body = {
         "qualification_id": f"q-{uuid.uuid4().hex[:16]}",
-        "created_at": datetime.now(timezone.utc).isoformat(),
+        "created_at": datetime.now(UTC).isoformat(),
         "fingerprint": fingerprint,
         "identity": identity,
         "clip": {

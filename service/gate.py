@@ -32,7 +32,7 @@ async def resolve_backend_identity(state: GatewayState) -> None:
     backends = getattr(engine, "attention_backends", None)
     if backends is not None:
         description["attention_backends"] = await backends()
-    model_dir = Path(getattr(engine, "model_dir"))
+    model_dir = Path(engine.model_dir)
     identity = await asyncio.to_thread(
         resolve_identity, engine_description=description, model_dir=model_dir, revision=state.settings.engine.revision
     )
@@ -94,7 +94,7 @@ async def run_qualification(state: GatewayState, *, clip: Path | None = None) ->
             engine=engine,
             identity=state.identity,
             fingerprint=state.gate.fingerprint,
-            model_dir=Path(getattr(engine, "model_dir")),
+            model_dir=Path(engine.model_dir),
             state_dir=state.settings.state_dir,
             settings=state.settings.qualification,
             clip_path=clip or FROZEN_CLIP_PATH,

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-
 from fake_engine import FakeEngine
+from fastapi.testclient import TestClient
 from helpers import AppFactory, open_gate, wait_ready
+
 from service.app import create_app
 from service.settings import GatewaySettings
 from service.state import GatewayState
+
 
 @pytest.fixture
 def fake_client(tmp_path: Path) -> Iterator[AppFactory]:

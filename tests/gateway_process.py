@@ -7,7 +7,6 @@ records what a fresh gateway answers, then qualifies it through the CLI.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

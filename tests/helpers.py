@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import soundfile as sf
+from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
 
-from fake_engine import FakeEngine
 from service.state import GatewayState
 
 

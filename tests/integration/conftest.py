@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from gateway_process import ADMIN_TOKEN, GatewayProcess, gateway_env, run_cli
+
 
 @pytest.fixture(scope="session")
 def integration_base(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import httpx
+from gateway_process import ADMIN_TOKEN, GatewayProcess
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_process import ADMIN_TOKEN, GatewayProcess
 from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SHA256
 
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from gateway_process import GatewayProcess, gateway_env, run_cli
+
 from qualification.records import RecordStore
 
 

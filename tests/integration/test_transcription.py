@@ -12,9 +12,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from gateway_process import ADMIN_TOKEN, GatewayProcess
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_process import ADMIN_TOKEN, GatewayProcess
 from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SEGMENTS, FROZEN_CLIP_TRANSCRIPT
 
 CLIP = FROZEN_CLIP_PATH.read_bytes()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helpers import AppFactory, make_wav
 from fake_engine import EOS, FakeEngine
+from helpers import AppFactory, make_wav
 
 TOKEN = {"Authorization": "Bearer s3cret"}
 

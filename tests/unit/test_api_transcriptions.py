@@ -8,9 +8,8 @@ import json
 import numpy as np
 import pytest
 import soundfile as sf
-
-from helpers import AppFactory, make_wav
 from fake_engine import EOS, FakeEngine
+from helpers import AppFactory, make_wav
 
 SCRIPT = "[0.50][S01]Good morning everyone.[1.68][2.60][S02]The pipeline is ready.[3.71]"
 

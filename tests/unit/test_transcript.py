@@ -125,7 +125,8 @@ def test_empty_string() -> None:
 
 _COMPLETE_TAG = re.compile(r"\[\s*(?:\d+(?:\.\d*)?|\.\d+|[Ss]\s*\d+)\s*\]")
 _TRAILING_PARTIAL = re.compile(r"\[\s*(?:\d+(?:\.\d*)?|\.\d*|[Ss]\s*\d*)?\s*\Z")
-_PIECES = ["[", "]", "S", "s", "0", "1", "7", ".", " ", "\n", "a", "好"] + ["[0.5]", "[S01]", "[2]", "[S02]", "[1.25]", "x y"]
+_PIECES = ["[", "]", "S", "s", "0", "1", "7", ".", " ", "\n", "a", "好"]
+_PIECES += ["[0.5]", "[S01]", "[2]", "[S02]", "[1.25]", "x y"]
 
 
 def _words(parsed: ParsedTranscript) -> str:

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,7 @@ class TranscriptionService:
             budget=budget,
             instruction=instruction,
             started=started,
-            received_at=datetime.now(timezone.utc).isoformat(),
+            received_at=datetime.now(UTC).isoformat(),
         )
 
     def _engine_request(self, job: PreparedJob) -> GenerationRequest:
@@ -548,7 +548,7 @@ def _verbose_segment(segment: Segment, temperature: float) -> dict[str, Any]:
 
 
 def _sse(event: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode("utf-8")
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
 def _round(value: float | None) -> float | None:
