@@ -88,8 +88,10 @@ class TranscriptionService:
         state.require_qualified()
         if not data:
             raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded file is empty (0 bytes).", param="file")
-        audio = await asyncio.to_thread(decode_audio, data, filename=filename, target_rate=engine.sample_rate)
         limits = state.settings
+        audio = await asyncio.to_thread(
+            decode_audio, data, filename=filename, target_rate=engine.sample_rate, max_duration_s=limits.max_duration_s
+        )
         if audio.duration_s < limits.audio.min_duration_s:
             raise GatewayError(
                 ErrorCode.AUDIO_TOO_SHORT,
