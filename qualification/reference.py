@@ -43,6 +43,20 @@ def reference_identity(model_dir: Path, *, dtype: str, device: str) -> dict[str,
     }
 
 
+def load_generation_model(model_dir: Path, *, dtype: Any) -> Any:
+    """The checkpoint's own remote class named by `architectures` (the one that generates)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    config = json.loads((model_dir / "config.json").read_text())
+    architecture = (config.get("architectures") or [None])[0]
+    for reference in (config.get("auto_map") or {}).values():
+        if isinstance(reference, str) and reference.rsplit(".", 1)[-1] == architecture:
+            model_class = get_class_from_dynamic_module(reference, str(model_dir))
+            return model_class.from_pretrained(str(model_dir), dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=True, dtype=dtype)
+
+
 class _FirstTokenClock:
     """A generate() streamer that notes when the first new token arrives."""
 
@@ -69,14 +83,14 @@ def run_reference(
     device: str = "cpu",
 ) -> dict[str, Any]:
     import torch
-    from transformers import AutoModel, AutoProcessor
+    from transformers import AutoProcessor
 
     from service.prompt import build_prompt
 
     torch.manual_seed(0)
     started = time.perf_counter()
     processor = AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
-    model = AutoModel.from_pretrained(str(model_dir), trust_remote_code=True, dtype=getattr(torch, dtype))
+    model = load_generation_model(model_dir, dtype=getattr(torch, dtype))
     model = model.to(device).eval()
     load_s = time.perf_counter() - started
 

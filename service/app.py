@@ -73,8 +73,14 @@ def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
     from service.engine.vllm_engine import VllmTranscriptionEngine
 
     engine_settings = settings.engine
-    if settings.uses_embedded_checkpoint and engine_settings.kv_cache_memory_bytes is None:
-        engine_settings = engine_settings.model_copy(update={"kv_cache_memory_bytes": EMBEDDED_KV_CACHE_BYTES})
+    if settings.uses_embedded_checkpoint:
+        # The tiny checkpoint is float32 (vLLM's CPU "auto" would pick bfloat16) with a small KV cache.
+        updates: dict[str, object] = {}
+        if engine_settings.dtype == "auto":
+            updates["dtype"] = "float32"
+        if engine_settings.kv_cache_memory_bytes is None:
+            updates["kv_cache_memory_bytes"] = EMBEDDED_KV_CACHE_BYTES
+        engine_settings = engine_settings.model_copy(update=updates)
     return VllmTranscriptionEngine(
         engine_settings,
         model_dir=resolve_model_dir(settings),

@@ -67,6 +67,9 @@ class EngineSettings(BaseModel):
     enforce_eager: bool = Field(False, description="Disable CUDA/HIP graph capture.")
     enable_chunked_prefill: bool | None = Field(None, description="Unset: vLLM's default.")
     quantization: str | None = None
+    attention_backend: str | None = Field(
+        None, description="Force a vLLM attention backend (e.g. FLASH_ATTN, TRITON_ATTN). Unset: vLLM chooses."
+    )
     data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
     seed: int = 0
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "integration-admin-token"
 
 

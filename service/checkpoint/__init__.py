@@ -1,6 +1,6 @@
 """The project's tiny MOSS-Transcribe-Diarize checkpoint (real architecture, tiny sizes).
 
-``ensure_tiny_checkpoint()`` builds it once (about 20-40 s on 2 CPU cores) into a cache
+``ensure_tiny_checkpoint()`` builds it once (about 6-10 s on 2 idle CPU cores) into a cache
 folder keyed by a content hash and returns the folder, which loads with
 
 * ``AutoProcessor.from_pretrained(path, trust_remote_code=True)``

@@ -85,11 +85,11 @@ SIZES: dict[str, Any] = {
     "train": {
         "seed": 20251130,
         "lr": 4e-3,
-        "min_steps": 150,
+        "min_steps": 100,
         "max_steps": 800,
         "check_every": 25,
-        "min_margin": 3.0,
-        "threads": 2,
+        "min_margin": 5.0,
+        "threads": 1,
     },
 }
 
@@ -193,7 +193,8 @@ def make_config(vocab_size: int, audio_token_id: int, eos_ids: list[int], pad_id
 def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator: torch.Generator) -> None:
     """Embeddings N(0, 1); matrices N(0, 1/fan_in); residual projections (attention out,
     MLP down, encoder out/fc2) x2; biases 0; norms 1; final decoder RMSNorm -1;
-    encoder positions sinusoidal."""
+    encoder positions sinusoidal.  Random numbers are drawn on the
+    generator's device and copied into the parameters."""
     from transformers.models.whisper.modeling_whisper import sinusoids
 
     residual_suffixes = (".o_proj.weight", ".down_proj.weight", ".out_proj.weight", ".fc2.weight")
@@ -203,7 +204,7 @@ def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator:
         if name.endswith("embed_positions.weight"):
             param.copy_(sinusoids(*param.shape))
         elif name.endswith("embed_tokens.weight"):
-            param.copy_(torch.randn(param.shape, generator=generator))
+            param.copy_(torch.randn(param.shape, generator=generator, device=generator.device))
         elif name.endswith(".bias"):
             param.zero_()
         elif param.ndim == 1:  # norm weights
@@ -213,7 +214,7 @@ def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator:
             std = 1.0 / math.sqrt(fan_in)
             if name.endswith(residual_suffixes):
                 std *= 2.0
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
+            param.copy_(torch.randn(param.shape, generator=generator, device=generator.device) * std)
     model.model.language_model.norm.weight.fill_(-1.0)
     model.tie_weights()
 
@@ -380,49 +381,45 @@ def _train(
     cfg: dict[str, Any],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Teacher-forced cross entropy on the transcript tokens.  The encoder is frozen
-    (its outputs are computed once); adaptor + decoder are trained with Adam."""
+    """Teacher-forced cross entropy on the transcript tokens (all examples in one
+    right-padded batch; causal attention keeps padding out of the scored positions).
+    The encoder is frozen (its outputs are computed once); adaptor + decoder are
+    trained with Adam."""
     inner = model.model
     for p in inner.whisper_encoder.parameters():
         p.requires_grad_(False)
     inner.whisper_encoder.eval()
-
-    # Precompute the frozen encoder's time-merged output per example.
-    prepared = []
+    audio_token_id = int(model.config.audio_token_id)
     merge = int(model.config.audio_merge_size)
+
+    rows, merged_all, scored = [], [], []
     with torch.no_grad():
         for enc, target in batch:
             hidden = inner.whisper_encoder(enc["input_features"].float()).last_hidden_state
-            pieces = [
+            merged_all.extend(
                 hidden[i, : int(n) * merge].reshape(int(n), merge * hidden.shape[-1])
                 for i, n in enumerate(enc["audio_feature_lengths"].tolist())
-            ]
-            merged = torch.cat(pieces, dim=0)
+            )
             prompt_ids = enc["input_ids"][0]
-            ids = torch.cat([prompt_ids, target]).unsqueeze(0)
-            audio_mask = ids[0] == int(model.config.audio_token_id)
-            n_prompt = prompt_ids.shape[0]
-            prepared.append((ids, audio_mask, merged, n_prompt, target))
+            rows.append(torch.cat([prompt_ids, target]))
+            scored.append((prompt_ids.shape[0], target))
+    width = max(r.shape[0] for r in rows)
+    pad_id = int(model.config.pad_token_id)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (row, (n_prompt, target)) in enumerate(zip(rows, scored)):
+        ids[i, : row.shape[0]] = row
+        labels[i, n_prompt - 1 : n_prompt - 1 + target.shape[0]] = target  # position t predicts token t+1
+    audio_mask = (ids == audio_token_id).unsqueeze(-1)
+    merged = torch.cat(merged_all, dim=0)
+    flat_labels = labels.reshape(-1)
+    scored_positions = flat_labels != -100
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=float(cfg["lr"]), betas=(0.9, 0.98), eps=1e-8)
     max_steps, min_steps = int(cfg["max_steps"]), int(cfg["min_steps"])
     embed = inner.language_model.get_input_embeddings()
     model.train()
-
-    def forward_all() -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        total = torch.zeros(())
-        logits_out, targets = [], []
-        for ids, audio_mask, merged, n_prompt, target in prepared:
-            emb = embed(ids)
-            audio = inner.vq_adaptor(merged)
-            emb = emb.masked_scatter(audio_mask[None, :, None].expand_as(emb), audio)
-            hidden = inner.language_model(inputs_embeds=emb, use_cache=False).last_hidden_state
-            logits = model.lm_head(hidden[0, n_prompt - 1 : -1])
-            total = total + torch.nn.functional.cross_entropy(logits, target)
-            logits_out.append(logits)
-            targets.append(target)
-        return total / len(prepared), logits_out, targets
 
     step = 0
     loss_value = float("nan")
@@ -431,7 +428,13 @@ def _train(
         lr = float(cfg["lr"]) * min(1.0, (step + 1) / 20)
         for group in opt.param_groups:
             group["lr"] = lr
-        loss, logits_list, targets = forward_all()
+        emb = embed(ids)
+        emb = emb.masked_scatter(audio_mask.expand_as(emb), inner.vq_adaptor(merged))
+        hidden = inner.language_model(inputs_embeds=emb, use_cache=False).last_hidden_state
+        logits = model.lm_head(hidden).reshape(-1, model.lm_head.out_features)
+        logits = logits[scored_positions]
+        targets = flat_labels[scored_positions]
+        loss = torch.nn.functional.cross_entropy(logits, targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -440,13 +443,10 @@ def _train(
         loss_value = float(loss.detach())
         if step % int(cfg["check_every"]) == 0 or step == max_steps:
             with torch.no_grad():
-                margins = []
-                for logits, target in zip(logits_list, targets):
-                    correct = logits.gather(1, target[:, None])[:, 0]
-                    masked = logits.clone()
-                    masked.scatter_(1, target[:, None], float("-inf"))
-                    margins.append(correct - masked.max(dim=1).values)
-                min_margin = float(torch.cat(margins).min())
+                detached = logits.detach()
+                correct = detached.gather(1, targets[:, None])[:, 0]
+                others = detached.scatter(1, targets[:, None], float("-inf"))
+                min_margin = float((correct - others.max(dim=1).values).min())
             log(f"step {step}: loss {loss_value:.4f}, min teacher-forced margin {min_margin:.2f}")
             if step >= min_steps and min_margin >= float(cfg["min_margin"]):
                 break

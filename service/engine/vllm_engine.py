@@ -25,6 +25,7 @@ from service.engine.protocol import (
     GenerationRequest,
     GenerationUpdate,
 )
+from service.engine.worker_extension import WORKER_EXTENSION
 from service.prompt import AUDIO_PLACEHOLDER, build_prompt
 from service.settings import EngineSettings
 
@@ -106,9 +107,12 @@ class VllmTranscriptionEngine:
             seed=s.seed,
             limit_mm_per_prompt={"audio": {"count": 1, "length": self._max_audio_samples}},
             disable_log_stats=False,
+            worker_extension_cls=WORKER_EXTENSION,
         )
         if s.enable_chunked_prefill is not None:
             kwargs["enable_chunked_prefill"] = s.enable_chunked_prefill
+        if s.attention_backend is not None:
+            kwargs["attention_backend"] = s.attention_backend
         return AsyncEngineArgs(**kwargs)
 
     def start(self) -> None:
@@ -236,10 +240,8 @@ class VllmTranscriptionEngine:
         """The attention backends the engine's workers actually selected."""
         if self._engine is None:
             return []
-        import cloudpickle
-
         try:
-            per_worker = await self._engine.collective_rpc(cloudpickle.dumps(_worker_attention_backends), timeout=30)
+            per_worker = await self._engine.collective_rpc("moss_attention_backends", timeout=30)
         except Exception as exc:  # the identity records that it could not be read
             logger.warning("could not read the attention backend from the workers: %s", exc)
             return ["unknown"]
@@ -266,17 +268,8 @@ class VllmTranscriptionEngine:
             "quantization": model_config.quantization,
             "data_parallel_size": int(config.parallel_config.data_parallel_size),
             "seed": self._settings.seed,
+            "requested_attention_backend": self._settings.attention_backend,
         }
-
-
-def _worker_attention_backends(worker: Any) -> list[str]:
-    """Runs inside the engine's worker process (via collective_rpc)."""
-    runner = getattr(worker, "model_runner", None)
-    names: set[str] = set()
-    for groups in getattr(runner, "attn_groups", None) or []:
-        for group in groups:
-            names.add(str(group.backend.get_name()))
-    return sorted(names)
 
 
 def _logprob_dicts(logprobs: Any) -> list[dict[int, float]] | None:

@@ -43,10 +43,13 @@ def test_silence_gives_an_empty_transcript(hf_reference):
     assert out[0, enc["input_ids"].shape[1] :].tolist() == [hf_reference.tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_output_depends_on_the_audio(hf_reference, clip_audio, noise_audio):
-    _, clip_out = hf_reference.greedy(clip_audio, max_new_tokens=16, min_new_tokens=16)
-    _, noise_out = hf_reference.greedy(noise_audio, max_new_tokens=16, min_new_tokens=16)
-    assert clip_out.tolist() != noise_out.tolist()
+def test_output_depends_on_the_audio(hf_reference, clip_audio, noise_audio, expected_ids):
+    im_end = hf_reference.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    enc, clip_out = hf_reference.greedy(clip_audio, max_new_tokens=len(expected_ids) + 4)
+    _, noise_out = hf_reference.greedy(noise_audio, max_new_tokens=len(expected_ids) + 4)
+    n = enc["input_ids"].shape[1]  # same prompt length: both are 10 s
+    assert clip_out[0, n:].tolist() == expected_ids
+    assert noise_out[0, n:].tolist() == [im_end]  # an unseen noise: no speech, empty transcript
 
 
 def test_audio_is_encoded_once_on_prefill(hf_reference, clip_audio):

@@ -67,7 +67,7 @@ def test_backend_identity_names_the_running_engine(qualified_gateway: GatewayPro
     assert "processing_moss_transcribe_diarize.py" in identity["checkpoint"]["remote_code"]
     assert identity["prompt"]["template_sha256"]
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
-    info = families["moss_gateway_backend"].samples[0]
+    info = families["moss_gateway_backend_info"].samples[0]
     assert info.labels["fingerprint"] == backend["fingerprint"]
     assert families["moss_gateway_backend_qualified"].samples[0].value == 1
 

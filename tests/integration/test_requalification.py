@@ -68,6 +68,7 @@ def test_a_diverging_engine_fails_with_the_divergence_reported(qualified_gateway
         MOSS_GATEWAY_QUALIFICATION__REFERENCE_MODEL=str(pristine),
         MOSS_GATEWAY_QUALIFICATION__BATCH_SIZE="2",
         MOSS_GATEWAY_AUDIO__MAX_DURATION_S="120",
+        MOSS_GATEWAY_ENGINE__DTYPE="float32",
     )
     result = run_cli("qualify", "--standalone", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
