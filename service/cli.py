@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -122,6 +123,8 @@ async def _qualify_standalone(settings: GatewaySettings, clip: Path | None) -> i
 def qualify(args: argparse.Namespace) -> int:
     if args.url and not args.standalone:
         return qualify_remote(args)
+    # stdout carries only the summary JSON; vLLM logs to stdout unless told otherwise.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     settings = _settings(args)
     _logging(settings.server.log_level)
     return asyncio.run(_qualify_standalone(settings, Path(args.clip) if args.clip else None))

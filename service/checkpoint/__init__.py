@@ -54,10 +54,23 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "moss-gateway"
 
 
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{platform.machine()}:{line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"{platform.machine()}:{platform.processor()}"
+
+
 def checkpoint_key() -> str:
     """Content hash of everything the build depends on: the builder's sources, the
-    frozen clip's bytes, the sizes (inside build.py) and the library versions."""
-    from qualification.clip import FROZEN_CLIP_PATH
+    frozen clip's bytes and transcript, the sizes (inside build.py), the library
+    versions and the CPU model (so a cache copied between CPU types is not reused)."""
+    from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT
 
     h = hashlib.sha256()
     for rel in _SOURCE_FILES:
@@ -66,6 +79,8 @@ def checkpoint_key() -> str:
         h.update((_PKG_DIR / rel).read_bytes())
         h.update(b"\0")
     h.update(Path(FROZEN_CLIP_PATH).read_bytes())
+    h.update(FROZEN_CLIP_TRANSCRIPT.encode())
+    h.update(f"cpu={_cpu_model()}\0".encode())  # float rounding may differ between CPU types
     for pkg in _VERSIONED_PACKAGES:
         try:
             version = metadata.version(pkg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--cache-dir", type=Path, default=None)
     sub.add_parser("key", help="print the content hash")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
     if args.command == "build":
         from service.checkpoint.build import build_checkpoint

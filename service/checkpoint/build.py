@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import shutil
 import time
@@ -94,8 +95,11 @@ SIZES: dict[str, Any] = {
 }
 
 
+_LOGGER = logging.getLogger("service.checkpoint")
+
+
 def _log_default(msg: str) -> None:
-    print(f"[tiny-checkpoint] {msg}", flush=True)
+    _LOGGER.info("tiny checkpoint: %s", msg)
 
 
 @contextlib.contextmanager
@@ -407,7 +411,7 @@ def _train(
     pad_id = int(model.config.pad_token_id)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (row, (n_prompt, target)) in enumerate(zip(rows, scored)):
+    for i, (row, (n_prompt, target)) in enumerate(zip(rows, scored, strict=True)):
         ids[i, : row.shape[0]] = row
         labels[i, n_prompt - 1 : n_prompt - 1 + target.shape[0]] = target  # position t predicts token t+1
     audio_mask = (ids == audio_token_id).unsqueeze(-1)

@@ -74,8 +74,7 @@ _CORPUS_TEXTS: tuple[str, ...] = (
     "正文为对应的语音内容，并在段末标注结束时间戳，以清晰标明该段语音范围。<|im_end|>\n"
     "<|im_start|>assistant\n",
     "热词提示：",
-    "Good morning everyone. The pipeline is ready. Let us check the numbers. "
-    "Thank you, see you soon.",
+    "Good morning everyone. The pipeline is ready. Let us check the numbers. Thank you, see you soon.",
     "Welcome everyone. Good evening. The meeting is about the model and the service. "
     "We transcribe speech into text with speakers and timestamps. Is the test ready? "
     "Yes, it is. Please check the audio, the results and the time. Thanks.",
@@ -131,7 +130,7 @@ def _learn_merges(words: Counter[tuple[str, ...]], known: set[str], num_new: int
     while new < num_new:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, freq in vocab.items():
-            for a, b in zip(word, word[1:]):
+            for a, b in zip(word, word[1:], strict=False):
                 pairs[(a, b)] += freq
         if not pairs:
             break
@@ -229,7 +228,13 @@ def save_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int) -
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"],
+        "additional_special_tokens": [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|audio_start|>",
+            "<|audio_pad|>",
+            "<|audio_end|>",
+        ],
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",

@@ -90,24 +90,18 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
-def test_two_fresh_builds_are_byte_identical(tmp_path, tiny_checkpoint):
+def test_a_fresh_build_is_byte_identical_to_the_cached_one(tmp_path, tiny_checkpoint):
+    """Another process builds again: every file but the timing report is identical.
+    (The cache key includes the CPU model, so both builds ran on this CPU type.)"""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "service.checkpoint", "build", "--out", str(tmp_path / name)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for name in ("a", "b")
-    ]
-    for proc in procs:
-        output, _ = proc.communicate(timeout=300)
-        assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
-    first, second = _digest(tmp_path / "a"), _digest(tmp_path / "b")
-    assert "model.safetensors" in first and "tokenizer.json" in first
-    assert first == second
-    cached = _digest(tiny_checkpoint)
-    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "processor_config.json"):
-        assert cached[name] == first[name], name
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.checkpoint", "build", "--out", str(tmp_path / "fresh")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode(errors="replace")[-3000:]
+    fresh, cached = _digest(tmp_path / "fresh"), _digest(tiny_checkpoint)
+    assert "model.safetensors" in fresh and "tokenizer.json" in fresh
+    assert fresh == cached

@@ -61,7 +61,7 @@ def test_speech_sits_inside_the_segments_and_gaps_are_silent(clip_audio):
         assert rms(start, end) > 0.05
         edges += [start, end]
     edges.append(10.0)
-    for a, b in zip(edges[0::2], edges[1::2]):  # the gaps between segments
+    for a, b in zip(edges[0::2], edges[1::2], strict=True):  # the gaps between segments
         assert rms(a + 0.01, b - 0.01) < 1e-3, (a, b)
 
 

@@ -83,6 +83,4 @@ def test_lm_head_is_tied_and_automodel_gives_the_body(hf_reference, tiny_checkpo
     assert model.dtype == torch.float32
     body = AutoModel.from_pretrained(str(tiny_checkpoint), trust_remote_code=True)
     assert type(body).__name__ == "MossTranscribeDiarizeModel"
-    assert torch.equal(
-        body.vq_adaptor.layers[0].weight, model.model.vq_adaptor.layers[0].weight
-    )
+    assert torch.equal(body.vq_adaptor.layers[0].weight, model.model.vq_adaptor.layers[0].weight)

@@ -62,9 +62,9 @@ def test_chat_template_renders_the_contract_prompt(tokenizer):
 
 def test_processor_prompt_helper_is_the_contract_prompt(hf_reference):
     assert hf_reference.processor.build_prompt() == CONTRACT_PROMPT
-    assert hf_reference.processor.build_prompt(CONTRACT_INSTRUCTION, hotwords=["MOSS", "vLLM"]) == CONTRACT_PROMPT.replace(
-        "。<|im_end|>", "。热词提示：MOSS, vLLM<|im_end|>"
-    )
+    assert hf_reference.processor.build_prompt(
+        CONTRACT_INSTRUCTION, hotwords=["MOSS", "vLLM"]
+    ) == CONTRACT_PROMPT.replace("。<|im_end|>", "。热词提示：MOSS, vLLM<|im_end|>")
 
 
 def test_text_round_trips(tokenizer):

@@ -132,7 +132,11 @@ class MossTranscribeDiarizeProcessor(ProcessorMixin):
 
     def audio_span_ids_for_samples(self, num_samples: int) -> list[int]:
         """``<|audio_start|>`` + span + ``<|audio_end|>`` for an audio of ``num_samples`` samples."""
-        return [self.audio_start_token_id, *self._audio_span_ids(self.count_audio_tokens(num_samples)), self.audio_end_token_id]
+        return [
+            self.audio_start_token_id,
+            *self._audio_span_ids(self.count_audio_tokens(num_samples)),
+            self.audio_end_token_id,
+        ]
 
     # -------------------------------------------------------------- prompt
     @staticmethod
@@ -224,9 +228,7 @@ class MossTranscribeDiarizeProcessor(ProcessorMixin):
         if audio is None:
             audio = kwargs.pop("audios", None)
         if sampling_rate is not None and int(sampling_rate) != int(self.feature_extractor.sampling_rate):
-            raise ValueError(
-                f"audio must be sampled at {self.feature_extractor.sampling_rate} Hz, got {sampling_rate}"
-            )
+            raise ValueError(f"audio must be sampled at {self.feature_extractor.sampling_rate} Hz, got {sampling_rate}")
         audios = self._as_audio_list(audio)
 
         data: dict[str, Any] = {}
@@ -264,7 +266,7 @@ class MossTranscribeDiarizeProcessor(ProcessorMixin):
                 )
             rows: list[list[int]] = []
             cursor = 0
-            for ids, n in zip(encoded, n_placeholders):
+            for ids, n in zip(encoded, n_placeholders, strict=True):
                 if audios:
                     rows.append(self._expand_ids(ids, counts_per_audio[cursor : cursor + n]))
                     cursor += n
