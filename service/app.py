@@ -80,6 +80,8 @@ def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
             updates["dtype"] = "float32"
         if engine_settings.kv_cache_memory_bytes is None:
             updates["kv_cache_memory_bytes"] = EMBEDDED_KV_CACHE_BYTES
+        if engine_settings.enforce_eager is None:
+            updates["enforce_eager"] = True
         engine_settings = engine_settings.model_copy(update=updates)
     return VllmTranscriptionEngine(
         engine_settings,

@@ -64,7 +64,13 @@ class EngineSettings(BaseModel):
     kv_cache_memory_bytes: int | None = Field(
         None, gt=0, description="Fixed KV-cache size in bytes (overrides the memory fraction; CPU: sizes the cache)."
     )
-    enforce_eager: bool = Field(False, description="Disable CUDA/HIP graph capture.")
+    enforce_eager: bool | None = Field(
+        None,
+        description=(
+            "Disable graph capture and compilation. Unset: vLLM's default (graphs on), except the embedded tiny "
+            "checkpoint, which runs eager (compiling it on CPU costs about a minute and gains nothing)."
+        ),
+    )
     enable_chunked_prefill: bool | None = Field(None, description="Unset: vLLM's default.")
     quantization: str | None = None
     attention_backend: str | None = Field(

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,15 +34,17 @@ def gateway_env(base: Path, **overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MOSS_GATEWAY_", "VLLM_"))}
     if "MOSS_GATEWAY_CACHE_DIR" in os.environ:
         env["MOSS_GATEWAY_CACHE_DIR"] = os.environ["MOSS_GATEWAY_CACHE_DIR"]
-    for name in ("hf", "vllm", "inductor", "tmp"):
+    for name in ("hf", "vllm", "inductor"):
         (base / name).mkdir(parents=True, exist_ok=True)
+    # vLLM puts ZMQ IPC sockets under TMPDIR, and a socket path must stay under 108 bytes.
+    short_tmp = tempfile.mkdtemp(prefix="mg-", dir="/tmp")
     env.update(
         HF_HOME=str(base / "hf"),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_CACHE_ROOT=str(base / "vllm"),
         TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"),
-        TMPDIR=str(base / "tmp"),
+        TMPDIR=short_tmp,
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         PYTHONUNBUFFERED="1",

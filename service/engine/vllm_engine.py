@@ -101,7 +101,7 @@ class VllmTranscriptionEngine:
             kv_cache_dtype=s.kv_cache_dtype,
             gpu_memory_utilization=s.gpu_memory_utilization,
             kv_cache_memory_bytes=s.kv_cache_memory_bytes,
-            enforce_eager=s.enforce_eager,
+            enforce_eager=bool(s.enforce_eager),
             quantization=s.quantization,
             data_parallel_size=s.data_parallel_size,
             seed=s.seed,

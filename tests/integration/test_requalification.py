@@ -69,9 +69,11 @@ def test_a_diverging_engine_fails_with_the_divergence_reported(qualified_gateway
         MOSS_GATEWAY_QUALIFICATION__BATCH_SIZE="2",
         MOSS_GATEWAY_AUDIO__MAX_DURATION_S="120",
         MOSS_GATEWAY_ENGINE__DTYPE="float32",
+        MOSS_GATEWAY_ENGINE__ENFORCE_EAGER="true",
     )
     result = run_cli("qualify", "--standalone", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.lstrip().startswith("{"), result.stderr[-9000:]
     summary = json.loads(result.stdout)
     assert summary["result"] == "failed"
     divergence = summary["first_divergence"]

@@ -154,7 +154,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(qualified_gatewa
         with client.stream(
             "POST", "/v1/audio/transcriptions", headers=ADMIN,
             files={"file": ("clip.wav", CLIP, "audio/wav")},
-            data={"stream": "true", "ignore_eos": "true", "max_completion_tokens": "1600"},
+            data={"stream": "true", "ignore_eos": "true", "max_completion_tokens": "1800"},
         ) as response:
             assert response.status_code == 200
             request_id = response.headers["x-request-id"]
@@ -162,7 +162,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(qualified_gatewa
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     seen += 1
-                if seen >= 5:
+                if seen >= 1:
                     break
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -173,9 +173,9 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(qualified_gatewa
             break
         time.sleep(0.2)
     else:
-        raise AssertionError("the engine still runs the request, or the abort was not counted")
+        raise AssertionError(f"the engine still runs the request, or the abort was not counted: {after}")
     generated = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
-    assert generated < 1600, "the request ran to its end instead of being aborted"
+    assert generated < 1800, "the request ran to its end instead of being aborted"
     ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
     lines = [json.loads(x) for x in ledger.read_text().splitlines()]
     line = next(x for x in lines if x["request_id"] == request_id)
