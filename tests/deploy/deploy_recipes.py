@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 import tomllib
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,7 @@ class Pin:
     hashes: list[str]
 
 
-@lru_cache(maxsize=None)
+@cache
 def read_lock(path: Path) -> dict[str, Pin]:
     """A pip requirements file with `==` pins and `--hash` options, keyed by canonical name."""
     pins: dict[str, Pin] = {}

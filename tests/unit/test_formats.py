@@ -94,7 +94,7 @@ def test_printed_end_never_precedes_printed_start() -> None:
     for rendered in (render_srt(segments), render_vtt(segments)):
         timings = _TIMING.findall(rendered)
         assert len(timings) == len(segments)
-        for timing, segment in zip(timings, segments):
+        for timing, segment in zip(timings, segments, strict=True):
             start_ms, end_ms = _ms(timing[:4]), _ms(timing[4:])
             assert start_ms <= end_ms
             assert abs(start_ms - segment.start * 1000) <= 0.5 + 1e-6
