@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from fastapi import FastAPI
 
 from service import __version__
+from service.access import ApiKeyMiddleware
+from service.admission import AdmissionController
 from service.api import admin, system
 from service.api.transcriptions import router as transcriptions
 from service.engine.protocol import TranscriptionEngine
@@ -97,6 +99,7 @@ async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: R
         engine.start()
         return engine
 
+    state.engine_status = EngineStatus.STARTING
     try:
         state.engine = await asyncio.to_thread(build)
     except Exception as exc:
@@ -104,7 +107,9 @@ async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: R
         state.engine_status = EngineStatus.FAILED
         state.engine_error = f"{type(exc).__name__}: {exc}"
         return
+    state.engine_starts += 1
     state.engine_status = EngineStatus.READY
+    state.engine_error = None
     state.metrics.engine_ready.set(1)
     if on_ready is not None:
         try:
@@ -112,6 +117,43 @@ async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: R
         except Exception as exc:
             logger.exception("start-up qualification step failed")
             state.gate.reason = f"start-up qualification step failed: {type(exc).__name__}: {exc}"
+
+
+async def _supervise(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> None:
+    """Start the engine, watch its health, restart it when it dies.
+
+    A restarted engine goes through the gate again: its identity is resolved
+    anew, and only a passing record for that identity reopens transcription.
+    """
+    lifecycle = state.settings.lifecycle
+    await _start_engine(state, factory, on_ready)
+    while True:
+        await asyncio.sleep(lifecycle.health_check_interval_s)
+        engine = state.engine
+        if state.engine_status is EngineStatus.READY and engine is not None:
+            try:
+                await asyncio.wait_for(engine.check_health(), timeout=30)
+            except Exception as exc:
+                logger.error("engine health check failed: %s", exc)
+                state.mark_engine_dead(f"health check failed: {exc}")
+        if state.engine_status is EngineStatus.DEAD and lifecycle.restart_engine:
+            logger.warning("restarting the engine after: %s", state.engine_error)
+            state.gate.open = False
+            state.gate.reason = f"the engine is restarting after: {state.engine_error}"
+            state.metrics.qualified.set(0)
+            old, state.engine = state.engine, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.shutdown()
+            await _start_engine(state, factory, on_ready)
+
+
+async def _drain(state: GatewayState) -> None:
+    """Stop taking work, let in-flight requests finish up to the deadline, then abort the rest."""
+    deadline = state.settings.lifecycle.drain_timeout_s
+    state.engine_status = EngineStatus.STOPPING
+    if not await state.admission.wait_idle(deadline):
+        logger.warning("shutdown: %d requests still running after %g s; aborting them", state.admission.active, deadline)
 
 
 def create_app(
@@ -131,12 +173,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state: GatewayState = app.state.gateway
-        starter = asyncio.create_task(_start_engine(state, factory, on_ready))
-        state.background.add(starter)
+        supervisor = asyncio.create_task(_supervise(state, factory, on_ready))
+        state.background.add(supervisor)
         try:
             yield
         finally:
-            state.engine_status = EngineStatus.STOPPING
+            await _drain(state)
             for task in list(state.background):
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -150,19 +192,39 @@ def create_app(
         lifespan=lifespan,
         description="OpenAI-compatible transcription on a qualified, pinned vLLM engine.",
     )
+    metrics = GatewayMetrics()
     app.state.gateway = GatewayState(
         settings=settings,
         model_name=model_name(settings),
-        metrics=GatewayMetrics(),
+        metrics=metrics,
         request_ledger=JsonLinesLedger(settings.state_dir / "ledger" / "requests.jsonl"),
+        admission=admission_controller(settings, metrics),
     )
     install_error_handlers(app)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
+    access = settings.access
+    app.add_middleware(
+        ApiKeyMiddleware,
+        keys=access.load_keys(),
+        protect_health=access.protect_health,
+        protect_metrics=access.protect_metrics,
+    )
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(transcriptions.router)
     _install_request_metrics(app)
     return app
+
+
+def admission_controller(settings: GatewaySettings, metrics: GatewayMetrics) -> AdmissionController:
+    limits = settings.limits
+    return AdmissionController(
+        max_concurrent=limits.max_concurrent_requests,
+        max_queued=limits.max_queued_requests,
+        queue_timeout_s=limits.queue_timeout_s,
+        retry_after_s=limits.retry_after_s,
+        metrics=metrics,
+    )
 
 
 def _install_request_metrics(app: FastAPI) -> None:

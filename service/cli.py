@@ -54,7 +54,14 @@ def serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     _logging(settings.server.log_level)
     app = create_app(settings)
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=settings.server.log_level)
+    uvicorn.run(
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        log_level=settings.server.log_level,
+        # uvicorn drains open requests this long after SIGTERM; the lifespan then aborts what is left.
+        timeout_graceful_shutdown=int(settings.lifecycle.drain_timeout_s),
+    )
     return 0
 
 
@@ -94,17 +101,19 @@ def qualify_remote(args: argparse.Namespace) -> int:
 
 
 async def _qualify_standalone(settings: GatewaySettings, clip: Path | None) -> int:
-    from service.app import model_name, vllm_engine_factory
+    from service.app import admission_controller, model_name, vllm_engine_factory
     from service.gate import resolve_backend_identity, run_qualification
     from service.ledger import JsonLinesLedger
     from service.metrics import GatewayMetrics
     from service.state import EngineStatus, GatewayState
 
+    metrics = GatewayMetrics()
     state = GatewayState(
         settings=settings,
         model_name=model_name(settings),
-        metrics=GatewayMetrics(),
+        metrics=metrics,
         request_ledger=JsonLinesLedger(settings.state_dir / "ledger" / "requests.jsonl"),
+        admission=admission_controller(settings, metrics),
     )
     engine = vllm_engine_factory(settings)
     await asyncio.to_thread(engine.start)

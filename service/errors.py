@@ -39,8 +39,10 @@ class ErrorCode(str, enum.Enum):
     INVALID_BUDGET = "invalid_max_completion_tokens"
     MODEL_NOT_FOUND = "model_not_found"
     NOT_FOUND = "not_found"
-    # Access.
+    # Access and load.
     UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "too_many_requests"
+    REQUEST_TIMEOUT = "request_timeout"
     # The backend.
     BACKEND_NOT_QUALIFIED = "backend_not_qualified"
     ENGINE_NOT_READY = "engine_not_ready"
@@ -74,6 +76,8 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.MODEL_NOT_FOUND: ErrorSpec(404, _INVALID),
     ErrorCode.NOT_FOUND: ErrorSpec(404, _INVALID),
     ErrorCode.UNAUTHORIZED: ErrorSpec(401, "authentication_error"),
+    ErrorCode.RATE_LIMITED: ErrorSpec(429, "rate_limit_error"),
+    ErrorCode.REQUEST_TIMEOUT: ErrorSpec(504, "timeout_error"),
     ErrorCode.BACKEND_NOT_QUALIFIED: ErrorSpec(503, "service_unavailable"),
     ErrorCode.ENGINE_NOT_READY: ErrorSpec(503, "service_unavailable"),
     ErrorCode.ENGINE_ERROR: ErrorSpec(500, "server_error"),

@@ -35,6 +35,44 @@ class ServerSettings(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class AccessSettings(BaseModel):
+    """Who may call what. Secrets never appear in logs, /v1/backend or error bodies."""
+
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Bearer keys accepted on /v1/*. Empty (and no file): /v1/* is open."
+    )
+    api_keys_file: Path | None = Field(None, description="A file of API keys, one per line ('#' comments).")
+    protect_health: bool = Field(False, description="Require an API key on /health and /ready.")
+    protect_metrics: bool = Field(False, description="Require an API key on /metrics.")
+
+    def load_keys(self) -> tuple[bytes, ...]:
+        keys = [key.get_secret_value() for key in self.api_keys]
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text(encoding="utf-8").splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return tuple(key.encode() for key in keys if key)
+
+
+class LimitsSettings(BaseModel):
+    """Backpressure: what the gateway takes on at once, and how long a request may run."""
+
+    max_concurrent_requests: int = Field(16, gt=0, description="Transcriptions decoding or generating at once.")
+    max_queued_requests: int = Field(64, ge=0, description="Transcriptions waiting for a slot; beyond it, 429.")
+    queue_timeout_s: float = Field(300.0, gt=0, description="Longest wait for a slot before 429.")
+    request_timeout_s: float = Field(7200.0, gt=0, description="Longest a transcription may run before it is aborted.")
+    retry_after_s: int = Field(5, gt=0, description="Retry-After sent with 429 and 503.")
+
+
+class LifecycleSettings(BaseModel):
+    """Engine supervision and shutdown."""
+
+    health_check_interval_s: float = Field(2.0, gt=0, description="How often the engine's health is probed.")
+    restart_engine: bool = Field(True, description="Restart a dead engine; the gate re-checks the identity.")
+    drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may finish.")
+
+
 class EngineSettings(BaseModel):
     """The in-process vLLM engine. Every field here is part of the backend identity."""
 
@@ -156,6 +194,9 @@ class GatewaySettings(BaseSettings):
     )
     cache_dir: Path | None = Field(None, description="Build cache (tiny checkpoint). Unset: ~/.cache/moss-gateway.")
     server: ServerSettings = ServerSettings()
+    access: AccessSettings = AccessSettings()
+    limits: LimitsSettings = LimitsSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
     engine: EngineSettings = EngineSettings()
     audio: AudioSettings = AudioSettings()
     budget: BudgetSettings = BudgetSettings()

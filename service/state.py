@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.admission import AdmissionController
 from service.engine.protocol import TranscriptionEngine
 from service.errors import ErrorCode, GatewayError
 from service.ledger import JsonLinesLedger
@@ -44,6 +45,7 @@ class GatewayState:
     model_name: str
     metrics: GatewayMetrics
     request_ledger: JsonLinesLedger
+    admission: AdmissionController
     engine: TranscriptionEngine | None = None
     engine_status: EngineStatus = EngineStatus.STARTING
     engine_error: str | None = None
@@ -53,6 +55,14 @@ class GatewayState:
     qualification_task: asyncio.Task[None] | None = None
     last_qualification: dict[str, Any] | None = None
     qualification_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    engine_starts: int = 0
+
+    def mark_engine_dead(self, reason: str) -> None:
+        """The engine cannot serve: /ready turns false and new requests get 503 at once."""
+        if self.engine_status is EngineStatus.READY:
+            self.engine_status = EngineStatus.DEAD
+            self.engine_error = reason
+            self.metrics.engine_ready.set(0)
 
     def require_engine(self) -> TranscriptionEngine:
         """The engine, or a 503 that says why it cannot serve."""
@@ -61,7 +71,7 @@ class GatewayState:
             raise GatewayError(
                 ErrorCode.ENGINE_NOT_READY,
                 f"The engine is {self.engine_status.value}{detail}. Retry when GET /ready answers 200.",
-                headers={"Retry-After": "5"},
+                headers={"Retry-After": str(self.settings.limits.retry_after_s)},
             )
         return self.engine
 

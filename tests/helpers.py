@@ -33,12 +33,14 @@ async def open_gate(state: GatewayState) -> None:
 
 
 def wait_ready(client: TestClient, timeout: float = 10.0) -> None:
+    """Until the app's engine is ready and its gate open (read from the app, so auth does not matter)."""
+    state = client.app.state.gateway  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if client.get("/ready").status_code == 200:
+        if state.engine_status.value == "ready" and state.gate.open:
             return
         time.sleep(0.01)
-    raise AssertionError(f"not ready: {client.get('/ready').json()}")
+    raise AssertionError(f"not ready: engine {state.engine_status.value}, gate: {state.gate.reason}")
 
 
 AppFactory = Callable[..., tuple[TestClient, FakeEngine]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -91,11 +92,25 @@ async def create_transcription(
         capture_evidence=keep_evidence or state.settings.evidence.capture_all,
     )
     _check_model(state, model)
+    state.require_engine()
+    state.require_qualified()
     service = TranscriptionService(state)
-    data = await file.read()
-    job = await service.prepare(params, data, file.filename)
-    del data
-    if params.stream:
-        return service.stream_response(job)
-    outcome = await service.run(job, request.is_disconnected)
-    return service.respond(outcome)
+    # The slot is taken before the upload is read into memory: memory stays bounded under load.
+    await state.admission.acquire()
+    handed_to_stream = False
+    try:
+        data = await file.read()
+        job = await service.prepare(params, data, file.filename)
+        del data
+        if params.stream:
+            handed_to_stream = True
+            return service.stream_response(job, on_close=state.admission.release)
+        try:
+            async with asyncio.timeout(state.settings.limits.request_timeout_s):
+                outcome = await service.run(job, request.is_disconnected)
+        except TimeoutError:
+            raise service.timeout_error() from None
+        return service.respond(outcome)
+    finally:
+        if not handed_to_stream:
+            state.admission.release()

@@ -172,8 +172,11 @@ class TranscriptionService:
                         next_checkpoint_at = now + evidence.checkpoint_every_s
                     yield update
         except EngineDeadError as exc:
-            self.state.engine_error = str(exc)
-            raise GatewayError(ErrorCode.ENGINE_ERROR, f"The engine failed during the request: {exc}") from exc
+            self.state.mark_engine_dead(str(exc))
+            raise GatewayError(
+                ErrorCode.ENGINE_ERROR,
+                f"The engine died during the request ({exc}); the gateway is restarting it.",
+            ) from exc
         finally:
             metrics.in_flight.dec()
 
@@ -441,14 +444,33 @@ class TranscriptionService:
         return JSONResponse(body, headers=headers)
 
     # -- streaming ----------------------------------------------------------------
-    def stream_response(self, job: PreparedJob) -> StreamingResponse:
+    def stream_response(self, job: PreparedJob, *, on_close: Callable[[], None] | None = None) -> StreamingResponse:
         headers = {"X-Request-Id": job.request_id, "X-Moss-Track": TRACK_NATIVE, "Cache-Control": "no-cache"}
         gate = self.state.gate
         headers["X-Moss-Backend-Fingerprint"] = gate.fingerprint or ""
         headers["X-Moss-Qualification-Id"] = gate.qualification_id or ""
-        return StreamingResponse(self._events(job), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(self._events(job, on_close), media_type="text/event-stream", headers=headers)
 
-    async def _events(self, job: PreparedJob) -> AsyncIterator[bytes]:
+    async def _events(self, job: PreparedJob, on_close: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+        """The stream, bounded by the request timeout; `on_close` frees the admission slot."""
+        try:
+            async with asyncio.timeout(self.state.settings.limits.request_timeout_s):
+                async for event in self._stream_events(job):
+                    yield event
+        except TimeoutError:
+            yield _sse({"type": "error", "error": self.timeout_error().body()["error"]})
+        finally:
+            if on_close is not None:
+                on_close()
+
+    def timeout_error(self) -> GatewayError:
+        limit = self.state.settings.limits.request_timeout_s
+        return GatewayError(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"The transcription ran longer than {limit:g} s (limits.request_timeout_s) and was aborted.",
+        )
+
+    async def _stream_events(self, job: PreparedJob) -> AsyncIterator[bytes]:
         """OpenAI's stream events, plus progress and the evidence on the final event."""
         text = ""
         scan_from = 0
