@@ -12,9 +12,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 from service.access import ApiKeyMiddleware
@@ -212,7 +213,7 @@ def create_app(
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(transcriptions.router)
-    _install_request_metrics(app)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
 
 
@@ -227,14 +228,34 @@ def admission_controller(settings: GatewaySettings, metrics: GatewayMetrics) -> 
     )
 
 
-def _install_request_metrics(app: FastAPI) -> None:
-    """Count every response by route template, status and error code."""
+class RequestMetricsMiddleware:
+    """Counts every response by route template, status and error code.
 
-    @app.middleware("http")
-    async def count(request: Any, call_next: Any) -> Any:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        code = response.headers.get("x-error-code", "")
-        app.state.gateway.metrics.requests.labels(path, str(response.status_code), code).inc()
-        return response
+    A plain ASGI middleware (not BaseHTTPMiddleware, which buffers streaming
+    bodies through a queue and hides a client's disconnect from the stream).
+    """
+
+    def __init__(self, app: ASGIApp, *, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        seen: dict[str, str] = {}
+
+        async def observing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = str(message["status"])
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"x-error-code":
+                        seen["code"] = value.decode("latin-1")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observing_send)
+        finally:
+            if "status" in seen:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                self.metrics.requests.labels(route, seen["status"], seen.get("code", "")).inc()

@@ -38,6 +38,10 @@ class EngineTimings:
     submitted: float
     first_token: float | None = None
     finished: float | None = None
+    #: From the engine core's own clock, when the engine reports them.
+    engine_queue_s: float | None = None
+    engine_prefill_s: float | None = None
+    engine_decode_s: float | None = None
 
     @property
     def time_to_first_token_s(self) -> float | None:

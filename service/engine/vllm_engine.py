@@ -221,6 +221,7 @@ class VllmTranscriptionEngine:
                 )
                 if finished:
                     timings.finished = time.monotonic()
+                    _engine_core_timings(timings, getattr(output, "metrics", None))
                     update.finish_reason = completion.finish_reason  # type: ignore[assignment]
                     update.stop_reason = completion.stop_reason
                     update.all_token_ids = all_ids
@@ -270,6 +271,20 @@ class VllmTranscriptionEngine:
             "seed": self._settings.seed,
             "requested_attention_backend": self._settings.attention_backend,
         }
+
+
+def _engine_core_timings(timings: EngineTimings, stats: Any) -> None:
+    """Queue, prefill and decode time as the engine core measured them (its monotonic clock)."""
+    queued = getattr(stats, "queued_ts", 0.0) or 0.0
+    scheduled = getattr(stats, "scheduled_ts", 0.0) or 0.0
+    first = getattr(stats, "first_token_ts", 0.0) or 0.0
+    last = getattr(stats, "last_token_ts", 0.0) or 0.0
+    if queued and scheduled:
+        timings.engine_queue_s = max(0.0, scheduled - queued)
+    if scheduled and first:
+        timings.engine_prefill_s = max(0.0, first - scheduled)
+    if first and last:
+        timings.engine_decode_s = max(0.0, last - first)
 
 
 def _logprob_dicts(logprobs: Any) -> list[dict[int, float]] | None:

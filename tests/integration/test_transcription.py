@@ -64,6 +64,7 @@ def test_taught_clip_comes_back_as_real_segments(qualified_gateway: GatewayProce
     assert evidence["truncated"] is False
     assert evidence["coverage"]["uncovered_tail_s"] < 1.0
     assert evidence["timings"]["time_to_first_token_s"] > 0
+    assert evidence["timings"]["engine_prefill_s"] is not None and evidence["timings"]["engine_prefill_s"] >= 0
     assert response.headers["x-moss-stop"] == "eos"
 
 

@@ -259,6 +259,9 @@ class TranscriptionService:
             "tokens": {"prompt": job.budget.prompt_tokens, "generated": outcome.stop.generated_tokens},
             "timings": {
                 "time_to_first_token_s": _round(timings.time_to_first_token_s),
+                "engine_queue_s": _round(timings.engine_queue_s),
+                "engine_prefill_s": _round(timings.engine_prefill_s),
+                "engine_decode_s": _round(timings.engine_decode_s),
                 "decode_s": _round(decode_s),
                 "decode_tokens_per_s": _round(decode_rate),
                 "total_s": _round(total_s),
