@@ -170,6 +170,25 @@ class QualificationSettings(BaseModel):
     reference_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+class LongformSettings(BaseModel):
+    """The chunked track (`chunking_strategy`): defaults of its cut policy and its own input limit.
+
+    When the policy's chunk length exceeds the native single-pass limit (the
+    embedded tiny checkpoint's 120 s, say), all its lengths are scaled down by
+    the same factor so that every chunk still fits one native pass.
+    """
+
+    max_duration_s: float | None = Field(
+        None, gt=0, description="Longest audio accepted on the chunked track. Unset: 4 h (30 min for the tiny checkpoint)."
+    )
+    target_s: float = Field(600.0, gt=0, description="Chunk length aimed at (a cut lands near each multiple).")
+    overlap_s: float = Field(10.0, ge=0, description="Audio shared by consecutive chunks, for stitching and speakers.")
+    search_s: float = Field(30.0, gt=0, description="How far around each target the cut looks for silence.")
+    min_silence_s: float = Field(0.3, gt=0, description="Shortest pause a cut may be placed in.")
+    max_chunk_s: float = Field(900.0, gt=0, description="Longest chunk, overlap included.")
+    max_concurrent_chunks: int = Field(8, gt=0, description="Chunks of one request sent to the engine at once.")
+
+
 class EvidenceSettings(BaseModel):
     """Per-request evidence bundles (token IDs, progress checkpoints, stop and budget records)."""
 
@@ -202,6 +221,7 @@ class GatewaySettings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
     qualification: QualificationSettings = QualificationSettings()
     evidence: EvidenceSettings = EvidenceSettings()
+    longform: LongformSettings = LongformSettings()
 
     @model_validator(mode="after")
     def _check_limits(self) -> GatewaySettings:
@@ -232,6 +252,24 @@ class GatewaySettings(BaseSettings):
         if self.audio.max_duration_s is not None:
             return self.audio.max_duration_s
         return EMBEDDED_MAX_DURATION_S if self.uses_embedded_checkpoint else NATIVE_MAX_DURATION_S
+
+    @property
+    def chunked_max_duration_s(self) -> float:
+        if self.longform.max_duration_s is not None:
+            return self.longform.max_duration_s
+        return 1800.0 if self.uses_embedded_checkpoint else 4 * 3600.0
+
+    def chunking_defaults(self) -> dict[str, float]:
+        """The cut policy's lengths, scaled so that the longest chunk fits one native pass."""
+        form = self.longform
+        scale = min(1.0, self.max_duration_s / form.max_chunk_s)
+        return {
+            "target_s": form.target_s * scale,
+            "overlap_s": form.overlap_s * scale,
+            "search_s": form.search_s * scale,
+            "max_chunk_s": form.max_chunk_s * scale,
+            "min_silence_s": form.min_silence_s,
+        }
 
     @property
     def encoder_tokens_needed(self) -> int:

@@ -53,6 +53,11 @@ def gateway_env(base: Path, **overrides: str) -> dict[str, str]:
         MOSS_GATEWAY_QUALIFICATION__QUALIFY_ON_START="false",
         MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN="2048",
         MOSS_GATEWAY_ENGINE__KV_CACHE_MEMORY_BYTES=str(64 << 20),
+        # Short chunks so that the chunked track runs on seconds of audio.
+        MOSS_GATEWAY_LONGFORM__TARGET_S="12",
+        MOSS_GATEWAY_LONGFORM__OVERLAP_S="2",
+        MOSS_GATEWAY_LONGFORM__SEARCH_S="3",
+        MOSS_GATEWAY_LONGFORM__MAX_CHUNK_S="18",
     )
     env.update(overrides)
     return env

@@ -214,3 +214,41 @@ def test_ledger_and_metrics_move(qualified_gateway: GatewayProcess) -> None:
     assert last["request_id"] == response.headers["x-request-id"]
     assert last["stop"]["stop"] == "eos"
     assert last["fingerprint"] == response.headers["x-moss-backend-fingerprint"]
+
+
+def test_chunked_track_end_to_end(qualified_gateway: GatewayProcess) -> None:
+    samples, rate = sf.read(io.BytesIO(CLIP), dtype="float32")
+    pause = np.zeros(2 * rate, dtype=np.float32)
+    program = io.BytesIO()
+    sf.write(program, np.concatenate([samples, pause, samples, pause, samples]), rate, format="WAV")
+    before = metric_values(qualified_gateway)
+    response = transcribe(qualified_gateway, program.getvalue(), chunking_strategy="auto", response_format="diarized_json")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    evidence = body["moss"]
+    assert evidence["track"] == "chunked" and response.headers["x-moss-track"] == "chunked"
+    cuts = evidence["cut_plan"]["cuts"]
+    assert len(cuts) == 3
+    assert 10.0 <= cuts[1]["start_s"] + 2.0 <= 12.0  # the first cut lies in the first pause
+    assert response.headers["x-moss-cut-plan-sha256"] == evidence["cut_plan"]["sha256"]
+    assert len(evidence["chunks"]) == 3
+    for chunk in evidence["chunks"]:
+        assert chunk["stop"]["stop"] in ("eos", "max_tokens", "stop_token", "context_length")
+        assert chunk["tokens"]["generated"] > 0
+    assert all(segment["speaker"].startswith("S") for segment in body["segments"])
+    after = metric_values(qualified_gateway)
+    assert total(after, "moss_gateway_audio_seconds_total", track="chunked") == pytest.approx(
+        total(before, "moss_gateway_audio_seconds_total", track="chunked") + 34.0
+    )
+    ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
+    line = json.loads(ledger.read_text().splitlines()[-1])
+    assert line["track"] == "chunked" and line["cut_plan_sha256"] == evidence["cut_plan"]["sha256"]
+
+
+def test_native_request_over_the_limit_is_told_to_ask_for_chunking(qualified_gateway: GatewayProcess) -> None:
+    long_audio = io.BytesIO()
+    sf.write(long_audio, np.zeros(121 * 16000, dtype=np.float32), 16000, format="WAV")
+    response = transcribe(qualified_gateway, long_audio.getvalue())
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "audio_too_long" and "chunking_strategy" in error["message"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.errors import ErrorCode, GatewayError
+from service.longform import ChunkingPolicy, from_request
 
 #: Upper bound on any output budget a client may ask for (the engine context caps it further).
 ABSURD_BUDGET = 1_000_000
@@ -42,6 +43,7 @@ class TranscriptionParams:
     budget_field: str = "max_completion_tokens"
     ignore_eos: bool = False  # admin-only: forces the full budget (benchmarks, tests)
     capture_evidence: bool = False  # admin-only: keep the full evidence bundle of this request
+    chunking: ChunkingPolicy | None = None  # the chunked track when set; the native track otherwise
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -139,3 +141,33 @@ def parse_granularities(raw: list[str]) -> tuple[str, ...]:
             param="timestamp_granularities[]",
         )
     return values
+
+
+def parse_chunking_strategy(form: Any, defaults: ChunkingPolicy) -> ChunkingPolicy | None:
+    """OpenAI's `chunking_strategy`: "auto", a JSON object, or the SDK's `chunking_strategy[key]` fields."""
+    raw: Any = form.get("chunking_strategy")
+    nested = {
+        key[len("chunking_strategy[") : -1]: value
+        for key, value in form.multi_items()
+        if key.startswith("chunking_strategy[") and key.endswith("]")
+    }
+    if nested:
+        raw = {key: _number(value) for key, value in nested.items()}
+    if isinstance(raw, str) and raw.strip() == "":
+        raw = None
+    try:
+        return from_request(raw, defaults=defaults)
+    except ValueError as exc:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"Invalid chunking_strategy: {exc}", param="chunking_strategy") from None
+
+
+def _number(value: Any) -> Any:
+    """Form fields arrive as text; numbers in a server_vad object must be numbers."""
+    if not isinstance(value, str):
+        return value
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            continue
+    return value

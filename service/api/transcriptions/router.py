@@ -13,12 +13,14 @@ from service.api.transcriptions.protocol import (
     TranscriptionParams,
     parse_bool,
     parse_budget,
+    parse_chunking_strategy,
     parse_granularities,
     parse_response_format,
     parse_temperature,
 )
 from service.api.transcriptions.serving import TranscriptionService
 from service.errors import ErrorCode, GatewayError
+from service.longform import ChunkingPolicy
 from service.prompt import parse_hotwords
 from service.state import GatewayState
 
@@ -73,6 +75,7 @@ async def create_transcription(
             param="stream",
         )
     budget, budget_field = parse_budget(max_completion_tokens, max_new_tokens)
+    chunking = parse_chunking_strategy(await request.form(), ChunkingPolicy(**state.settings.chunking_defaults()))
     force_budget = parse_bool(ignore_eos, param="ignore_eos")
     keep_evidence = parse_bool(capture_evidence, param="capture_evidence")
     if force_budget or keep_evidence:
@@ -90,6 +93,7 @@ async def create_transcription(
         budget_field=budget_field,
         ignore_eos=force_budget,
         capture_evidence=keep_evidence or state.settings.evidence.capture_all,
+        chunking=chunking,
     )
     _check_model(state, model)
     state.require_engine()

@@ -30,6 +30,7 @@ from service.errors import ErrorCode, GatewayError
 from service.evidence import Coverage, StopRecord, classify_stop, measure_coverage, truncation_reasons
 from service.formats import render_srt, render_vtt
 from service.ledger import write_json_atomic
+from service.longform import CutPlan
 from service.prompt import build_instruction
 from service.state import GatewayState
 from service.transcript import ParsedTranscript, Segment, parse_transcript
@@ -37,6 +38,7 @@ from service.transcript import ParsedTranscript, Segment, parse_transcript
 logger = logging.getLogger(__name__)
 
 TRACK_NATIVE = "native"
+TRACK_CHUNKED = "chunked"
 #: A complete `[start][Sxx]text[end]` segment, for emitting segment events while streaming.
 _STREAM_SEGMENT = re.compile(
     r"\[\s*(?P<start>\d+(?:\.\d+)?)\s*\]\s*\[\s*(?P<speaker>S\d+)\s*\](?P<text>[^\[]*?)\[\s*(?P<end>\d+(?:\.\d+)?)\s*\]"
@@ -54,6 +56,12 @@ class PreparedJob:
     started: float
     received_at: str
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    plan: CutPlan | None = None
+    chunk_budgets: list[TokenBudget] = field(default_factory=list)
+
+    @property
+    def track(self) -> str:
+        return TRACK_NATIVE if self.plan is None else TRACK_CHUNKED
 
 
 @dataclass
@@ -67,7 +75,7 @@ class Outcome:
     truncation: list[str]
     timings: EngineTimings
     finished: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the chunked track's own evidence
 
     @property
     def truncated(self) -> bool:
@@ -89,9 +97,16 @@ class TranscriptionService:
         if not data:
             raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded file is empty (0 bytes).", param="file")
         limits = state.settings
-        audio = await asyncio.to_thread(
-            decode_audio, data, filename=filename, target_rate=engine.sample_rate, max_duration_s=limits.max_duration_s
-        )
+        chunked = params.chunking is not None
+        max_duration = limits.chunked_max_duration_s if chunked else limits.max_duration_s
+        try:
+            audio = await asyncio.to_thread(
+                decode_audio, data, filename=filename, target_rate=engine.sample_rate, max_duration_s=max_duration
+            )
+        except GatewayError as error:
+            if error.code is ErrorCode.AUDIO_TOO_LONG:
+                raise self._too_long(None, chunked=chunked) from None
+            raise
         if audio.duration_s < limits.audio.min_duration_s:
             raise GatewayError(
                 ErrorCode.AUDIO_TOO_SHORT,
@@ -99,20 +114,53 @@ class TranscriptionService:
                 f"{limits.audio.min_duration_s:g} s.",
                 param="file",
             )
-        if audio.duration_s > limits.max_duration_s:
-            raise GatewayError(
+        if audio.duration_s > max_duration:
+            raise self._too_long(audio.duration_s, chunked=chunked)
+        instruction = build_instruction(params.instruction_override, params.hotwords)
+        job = PreparedJob(
+            request_id=f"trsc-{uuid.uuid4().hex}",
+            params=params,
+            audio=audio,
+            budget=self._budget(len(audio.samples), instruction, params.max_completion_tokens)
+            if not chunked
+            else _placeholder_budget(audio.duration_s),
+            instruction=instruction,
+            started=started,
+            received_at=datetime.now(UTC).isoformat(),
+        )
+        if chunked:
+            from service.api.transcriptions.chunked import plan_job
+
+            await plan_job(self, job)
+        return job
+
+    def _too_long(self, duration_s: float | None, *, chunked: bool) -> GatewayError:
+        limits = self.state.settings
+        length = "" if duration_s is None else f"{duration_s:.1f} s long; "
+        if chunked:
+            return GatewayError(
                 ErrorCode.AUDIO_TOO_LONG,
-                f"The audio is {audio.duration_s:.1f} s long; the longest accepted in one pass is "
-                f"{limits.max_duration_s:g} s (audio.max_duration_s).",
+                f"The audio is {length or 'longer than the limit; '}the chunked track accepts up to "
+                f"{limits.chunked_max_duration_s:g} s (longform.max_duration_s).",
                 param="file",
             )
-        instruction = build_instruction(params.instruction_override, params.hotwords)
-        prompt_tokens = engine.count_prompt_tokens(len(audio.samples), instruction)
-        budget = plan_budget(
-            duration_s=audio.duration_s,
-            num_samples=len(audio.samples),
-            prompt_tokens=prompt_tokens,
-            requested_max_tokens=params.max_completion_tokens,
+        return GatewayError(
+            ErrorCode.AUDIO_TOO_LONG,
+            f"The audio is {length or 'longer than the limit; '}the longest accepted in one native pass is "
+            f"{limits.max_duration_s:g} s (audio.max_duration_s). Ask for the chunked track with "
+            f"chunking_strategy=auto (up to {limits.chunked_max_duration_s:g} s).",
+            param="file",
+        )
+
+    def _budget(self, num_samples: int, instruction: str, requested: int | None) -> TokenBudget:
+        """The output budget of one engine pass over `num_samples` of audio."""
+        engine = self.state.require_engine()
+        limits = self.state.settings
+        return plan_budget(
+            duration_s=num_samples / engine.sample_rate,
+            num_samples=num_samples,
+            prompt_tokens=engine.count_prompt_tokens(num_samples, instruction),
+            requested_max_tokens=requested,
             policy=BudgetPolicy(
                 observed_tokens_per_second=limits.budget.observed_tokens_per_second,
                 conservative_tokens_per_second=limits.budget.conservative_tokens_per_second,
@@ -123,15 +171,6 @@ class TranscriptionService:
                 encoder_budget_tokens=limits.effective_max_num_batched_tokens,
                 kv_bytes_per_token_bf16=getattr(engine, "kv_bytes_per_token_bf16", 0),
             ),
-        )
-        return PreparedJob(
-            request_id=f"trsc-{uuid.uuid4().hex}",
-            params=params,
-            audio=audio,
-            budget=budget,
-            instruction=instruction,
-            started=started,
-            received_at=datetime.now(UTC).isoformat(),
         )
 
     def _engine_request(self, job: PreparedJob) -> GenerationRequest:
@@ -145,9 +184,12 @@ class TranscriptionService:
         )
 
     # -- running ------------------------------------------------------------
-    async def _updates(self, job: PreparedJob) -> AsyncIterator[GenerationUpdate]:
-        """Engine updates with in-flight accounting and progress logging."""
+    async def _updates(
+        self, job: PreparedJob, request: GenerationRequest | None = None
+    ) -> AsyncIterator[GenerationUpdate]:
+        """Engine updates with in-flight accounting and progress logging (one engine pass)."""
         engine = self.state.require_engine()
+        request = request or self._engine_request(job)
         metrics = self.state.metrics
         metrics.in_flight.inc()
         next_log = PROGRESS_EVERY_TOKENS
@@ -155,16 +197,16 @@ class TranscriptionService:
         next_checkpoint_tokens = evidence.checkpoint_every_tokens
         next_checkpoint_at = time.monotonic() + evidence.checkpoint_every_s
         try:
-            stream = engine.generate(self._engine_request(job))
+            stream = engine.generate(request)
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for update in stream:
                     if update.num_generated >= next_log:
                         next_log = (update.num_generated // PROGRESS_EVERY_TOKENS + 1) * PROGRESS_EVERY_TOKENS
                         logger.info(
-                            "%s: %d/%d tokens generated", job.request_id, update.num_generated, job.budget.max_tokens
+                            "%s: %d/%d tokens generated", request.request_id, update.num_generated, request.max_tokens
                         )
                     now = time.monotonic()
-                    if job.params.capture_evidence and (
+                    if job.params.capture_evidence and job.plan is None and (
                         update.num_generated >= next_checkpoint_tokens or now >= next_checkpoint_at or update.finished
                     ):
                         job.checkpoints.append(_checkpoint(job, update, now))
@@ -210,9 +252,15 @@ class TranscriptionService:
     async def run(self, job: PreparedJob, is_disconnected: Callable[[], Awaitable[bool]]) -> Outcome:
         """Generate to the end; abort the engine request if the client goes away."""
         final: GenerationUpdate | None = None
+        chunked: Outcome | None = None
 
         async def consume() -> None:
-            nonlocal final
+            nonlocal final, chunked
+            if job.plan is not None:
+                from service.api.transcriptions.chunked import run_chunked
+
+                chunked = await run_chunked(self, job)
+                return
             async for update in self._updates(job):
                 if update.finished:
                     final = update
@@ -232,6 +280,9 @@ class TranscriptionService:
             task.cancel()
             self.account_abort(job, final)
             raise
+        if chunked is not None:
+            await self.account(chunked, status=200)
+            return chunked
         if final is None:
             raise GatewayError(ErrorCode.ENGINE_ERROR, "The engine ended the request without a final output.")
         outcome = self._conclude(job, final)
@@ -249,7 +300,7 @@ class TranscriptionService:
         gate = self.state.gate
         return {
             "request_id": job.request_id,
-            "track": TRACK_NATIVE,
+            "track": job.track,
             "backend": {"fingerprint": gate.fingerprint, "qualification_id": gate.qualification_id},
             "stop": outcome.stop.as_dict(),
             "budget": job.budget.as_dict(),
@@ -280,27 +331,32 @@ class TranscriptionService:
             "hotwords": list(job.params.hotwords),
             "anomalies": list(outcome.transcript.anomalies),
             "raw_text": outcome.raw_text,
+            **{k: v for k, v in outcome.extra.items() if k != "chunk_summaries"},
         }
 
     async def account(self, outcome: Outcome, *, status: int) -> None:
         metrics, job = self.state.metrics, outcome.job
         total_s = outcome.finished - job.started
-        metrics.latency.labels(TRACK_NATIVE).observe(total_s)
+        track = job.track
+        metrics.latency.labels(track).observe(total_s)
         if outcome.timings.time_to_first_token_s is not None:
-            metrics.ttft.labels(TRACK_NATIVE).observe(outcome.timings.time_to_first_token_s)
-        metrics.rtf.labels(TRACK_NATIVE).observe(total_s / job.audio.duration_s)
-        metrics.audio_seconds.labels(TRACK_NATIVE).inc(job.audio.duration_s)
-        metrics.prompt_tokens.labels(TRACK_NATIVE).inc(job.budget.prompt_tokens)
-        metrics.generated_tokens.labels(TRACK_NATIVE).inc(outcome.stop.generated_tokens)
-        metrics.stops.labels(TRACK_NATIVE, outcome.stop.stop).inc()
+            metrics.ttft.labels(track).observe(outcome.timings.time_to_first_token_s)
+        metrics.rtf.labels(track).observe(total_s / job.audio.duration_s)
+        metrics.audio_seconds.labels(track).inc(job.audio.duration_s)
+        metrics.prompt_tokens.labels(track).inc(job.budget.prompt_tokens)
+        metrics.generated_tokens.labels(track).inc(outcome.stop.generated_tokens)
+        metrics.stops.labels(track, outcome.stop.stop).inc()
         if outcome.truncated:
-            metrics.truncations.labels(TRACK_NATIVE).inc()
+            metrics.truncations.labels(track).inc()
             logger.warning("%s truncated: %s", job.request_id, "; ".join(outcome.truncation))
         line = {
             "request_id": job.request_id,
             "time": job.received_at,
             "status": status,
-            "track": TRACK_NATIVE,
+            "track": job.track,
+            "cut_plan_sha256": None if job.plan is None else job.plan.sha256,
+            "cuts": None if job.plan is None else [cut.as_dict() for cut in job.plan.cuts],
+            "chunks": outcome.extra.get("chunk_summaries"),
             "fingerprint": self.state.gate.fingerprint,
             "qualification_id": self.state.gate.qualification_id,
             "audio_sha256": job.audio.sha256,
@@ -351,12 +407,13 @@ class TranscriptionService:
 
     def account_abort(self, job: PreparedJob, final: GenerationUpdate | None) -> None:
         """A client that went away: counted as an `aborted` stop, and in the ledger."""
-        self.state.metrics.stops.labels(TRACK_NATIVE, "aborted").inc()
+        self.state.metrics.stops.labels(job.track, "aborted").inc()
         line = {
             "request_id": job.request_id,
             "time": job.received_at,
             "status": 499,
-            "track": TRACK_NATIVE,
+            "track": job.track,
+            "cut_plan_sha256": None if job.plan is None else job.plan.sha256,
             "fingerprint": self.state.gate.fingerprint,
             "audio_sha256": job.audio.sha256,
             "audio_duration_s": round(job.audio.duration_s, 3),
@@ -375,7 +432,8 @@ class TranscriptionService:
         gate = self.state.gate
         return {
             "X-Request-Id": outcome.job.request_id,
-            "X-Moss-Track": TRACK_NATIVE,
+            "X-Moss-Track": outcome.job.track,
+            "X-Moss-Cut-Plan-Sha256": "" if outcome.job.plan is None else outcome.job.plan.sha256,
             "X-Moss-Stop": outcome.stop.stop,
             "X-Moss-Truncated": "true" if outcome.truncated else "false",
             "X-Moss-Generated-Tokens": str(outcome.stop.generated_tokens),
@@ -448,7 +506,7 @@ class TranscriptionService:
 
     # -- streaming ----------------------------------------------------------------
     def stream_response(self, job: PreparedJob, *, on_close: Callable[[], None] | None = None) -> StreamingResponse:
-        headers = {"X-Request-Id": job.request_id, "X-Moss-Track": TRACK_NATIVE, "Cache-Control": "no-cache"}
+        headers = {"X-Request-Id": job.request_id, "X-Moss-Track": job.track, "Cache-Control": "no-cache"}
         gate = self.state.gate
         headers["X-Moss-Backend-Fingerprint"] = gate.fingerprint or ""
         headers["X-Moss-Qualification-Id"] = gate.qualification_id or ""
@@ -473,8 +531,37 @@ class TranscriptionService:
             f"The transcription ran longer than {limit:g} s (limits.request_timeout_s) and was aborted.",
         )
 
+    async def _stream_chunked(self, job: PreparedJob) -> AsyncIterator[bytes]:
+        """The chunked track streams its stitched segments once every chunk is done (no token deltas)."""
+        from service.api.transcriptions.chunked import run_chunked
+
+        assert job.plan is not None
+        yield _sse({"type": "moss.progress", "chunks": len(job.plan.cuts), "cut_plan_sha256": job.plan.sha256})
+        try:
+            outcome = await run_chunked(self, job)
+        except GatewayError as error:
+            yield _sse({"type": "error", "error": error.body()["error"]})
+            return
+        except asyncio.CancelledError:
+            self.account_abort(job, None)
+            raise
+        await self.account(outcome, status=200)
+        for segment in outcome.transcript.segments:
+            yield _sse(diarized_segment(segment))
+        yield _sse({
+            "type": "transcript.text.done",
+            "text": outcome.transcript.text,
+            "usage": self.usage(outcome),
+            "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
+            "moss": self.evidence(outcome),
+        })
+
     async def _stream_events(self, job: PreparedJob) -> AsyncIterator[bytes]:
         """OpenAI's stream events, plus progress and the evidence on the final event."""
+        if job.plan is not None:
+            async for event in self._stream_chunked(job):
+                yield event
+            return
         text = ""
         scan_from = 0
         segment_index = 0
@@ -522,6 +609,15 @@ class TranscriptionService:
             "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
             "moss": self.evidence(outcome),
         })
+
+
+def _placeholder_budget(duration_s: float) -> TokenBudget:
+    """Replaced by the sum of the chunks' budgets once the cuts are planned."""
+    return TokenBudget(
+        duration_s=duration_s, audio_tokens=0, prompt_tokens=0, expected_output_tokens=0,
+        conservative_output_tokens=0, context_room=0, max_tokens=0, source="default", fits_conservative=True,
+        kv_bytes_bf16=0, max_model_len=0,
+    )
 
 
 def evidence_path(state: GatewayState, request_id: str) -> Path:

@@ -1,0 +1,111 @@
+"""The chunked track over HTTP on the fake engine: frozen cuts, per-chunk evidence, track reported apart."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import soundfile as sf
+from helpers import AppFactory
+
+LONGFORM = {"target_s": 10.0, "overlap_s": 2.0, "search_s": 3.0, "max_chunk_s": 16.0}
+
+
+def speech_with_pauses(duration_s: float = 30.0, rate: int = 16_000) -> bytes:
+    """Tone bursts with 1 s pauses around 10 s and 20 s, where the cuts should land."""
+    t = np.arange(int(duration_s * rate)) / rate
+    samples = 0.3 * np.sin(2 * np.pi * 200 * t)
+    for pause in (9.5, 19.5):
+        samples[int(pause * rate) : int((pause + 1.0) * rate)] = 0.0
+    buffer = io.BytesIO()
+    sf.write(buffer, samples.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def transcribe(client, data: bytes, **fields):
+    return client.post("/v1/audio/transcriptions", files={"file": ("long.wav", data, "audio/wav")}, data=fields)
+
+
+def test_chunked_request_reports_cuts_chunks_and_track(fake_client: AppFactory, tmp_path) -> None:
+    client, engine = fake_client(longform=LONGFORM)
+    response = transcribe(client, speech_with_pauses(), chunking_strategy="auto", response_format="verbose_json")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    evidence = body["moss"]
+    assert evidence["track"] == "chunked" and response.headers["x-moss-track"] == "chunked"
+    plan = evidence["cut_plan"]
+    assert response.headers["x-moss-cut-plan-sha256"] == plan["sha256"]
+    cuts = plan["cuts"]
+    assert len(cuts) == 3 and len(engine.requests) == 3
+    assert 9.5 < cuts[1]["start_s"] + 2.0 < 10.5 and 19.5 < cuts[2]["start_s"] + 2.0 < 20.5  # cut in the pauses
+    assert [c["stop"]["stop"] for c in evidence["chunks"]] == ["eos", "eos", "eos"]
+    assert all(c["local_segments"][0]["speaker"] == "S01" for c in evidence["chunks"])
+    starts = [s["start"] for s in body["segments"]]
+    assert starts == sorted(starts) and starts[-1] > 18.0  # offsets applied
+    assert evidence["speakers"]["mapping"]  # chunk-local -> global labels kept in the evidence
+    assert body["usage"]["output_tokens"] == sum(c["stop"]["generated_tokens"] for c in evidence["chunks"])
+    line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
+    assert line["track"] == "chunked" and line["cut_plan_sha256"] == plan["sha256"]
+    assert len(line["chunks"]) == 3
+    metrics = client.get("/metrics").text
+    assert 'moss_gateway_stops_total{stop="eos",track="chunked"} 1.0' in metrics
+
+
+def test_the_same_audio_gives_the_same_frozen_cuts(fake_client: AppFactory) -> None:
+    client, _ = fake_client(longform=LONGFORM)
+    data = speech_with_pauses()
+    first = transcribe(client, data, chunking_strategy="auto", response_format="diarized_json").json()
+    second = transcribe(client, data, chunking_strategy="auto", response_format="diarized_json").json()
+    assert first["moss"]["cut_plan"] == second["moss"]["cut_plan"]
+
+
+def test_sdk_style_server_vad_fields(fake_client: AppFactory) -> None:
+    client, engine = fake_client(longform=LONGFORM)
+    response = transcribe(
+        client, speech_with_pauses(), response_format="diarized_json",
+        **{"chunking_strategy[type]": "server_vad", "chunking_strategy[silence_duration_ms]": "500",
+           "chunking_strategy[threshold]": "0.5", "chunking_strategy[prefix_padding_ms]": "300"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["moss"]["cut_plan"]["policy"]["min_silence_s"] == 0.5
+    assert len(engine.requests) == 3
+
+
+def test_over_the_native_limit_asks_for_chunking(fake_client: AppFactory) -> None:
+    client, engine = fake_client(audio={"max_duration_s": 20.0}, longform=LONGFORM)
+    refused = transcribe(client, speech_with_pauses())
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "audio_too_long" and "chunking_strategy" in error["message"]
+    assert engine.requests == []
+    assert transcribe(client, speech_with_pauses(), chunking_strategy="auto").status_code == 200
+
+
+def test_chunked_over_its_own_limit(fake_client: AppFactory) -> None:
+    client, _ = fake_client(longform={**LONGFORM, "max_duration_s": 25.0})
+    refused = transcribe(client, speech_with_pauses(), chunking_strategy="auto")
+    assert refused.status_code == 400 and "longform.max_duration_s" in refused.json()["error"]["message"]
+
+
+def test_invalid_chunking_strategy_is_a_400(fake_client: AppFactory) -> None:
+    client, _ = fake_client(longform=LONGFORM)
+    for value in ("sometimes", '{"type": "server_vad", "threshold": 7}', '{"type": "magic"}'):
+        response = transcribe(client, speech_with_pauses(), chunking_strategy=value)
+        assert response.status_code == 400, value
+        assert response.json()["error"]["param"] == "chunking_strategy"
+
+
+def test_chunked_stream_ends_with_segments_and_done(fake_client: AppFactory) -> None:
+    client, _ = fake_client(longform=LONGFORM)
+    with client.stream(
+        "POST", "/v1/audio/transcriptions", files={"file": ("long.wav", speech_with_pauses(), "audio/wav")},
+        data={"chunking_strategy": "auto", "stream": "true"},
+    ) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[0]["type"] == "moss.progress" and events[0]["chunks"] == 3
+    assert events[-1]["type"] == "transcript.text.done"
+    assert events[-1]["moss"]["track"] == "chunked"
+    assert sum(e["type"] == "transcript.text.segment" for e in events) == len(
+        [s for c in events[-1]["moss"]["chunks"] for s in c["local_segments"]]
+    ) - len(events[-1]["moss"]["stitching"].get("dropped", []))
