@@ -43,6 +43,7 @@ class FakeEngine:
         self.running: set[str] = set()
         self.dead = False
         self.started = False
+        self.tokens_generated = 0
         self.load_time_s = 0.0
 
     def start(self) -> None:
@@ -96,6 +97,7 @@ class FakeEngine:
                 if timings.first_token is None:
                     timings.first_token = time.monotonic()
                 all_ids.append(token)
+                self.tokens_generated += 1
                 last = index == len(produced) - 1
                 update = GenerationUpdate(
                     text_delta="" if token == EOS else chr(token),

@@ -34,6 +34,7 @@ async def ready(request: Request) -> JSONResponse:
         try:
             await state.engine.check_health()
         except Exception as exc:  # any failure of the health probe means not ready
+            state.mark_engine_dead(f"health check failed: {exc}")
             reasons.append(f"engine unhealthy: {exc}")
     if not state.gate.open:
         reasons.append(f"backend not qualified: {state.gate.reason}")

@@ -322,11 +322,12 @@ def test_not_qualified_is_503_with_how_to(fake_client: AppFactory) -> None:
     assert engine.requests == []
 
 
-def test_engine_error_midway_is_500_not_a_crash(fake_client: AppFactory) -> None:
+def test_a_dead_engine_refuses_new_requests_with_503(fake_client: AppFactory) -> None:
     engine = FakeEngine()
-    client, _ = fake_client(engine)
+    client, _ = fake_client(engine, lifecycle={"restart_engine": False})
     engine.dead = True
-    assert_error(post(client, make_wav(2.0)), 500, "engine_error")
+    error = assert_error(post(client, make_wav(2.0)), 503, "engine_not_ready")
+    assert "Retry" in error["message"]
 
 
 def test_nan_audio_is_refused(fake_client: AppFactory) -> None:

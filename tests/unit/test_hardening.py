@@ -142,7 +142,7 @@ def test_engine_death_fails_in_flight_refuses_new_and_restarts(tmp_path: Path) -
         results: list[httpx.Response] = []
         worker = threading.Thread(target=lambda: results.append(transcribe(client)))
         worker.start()
-        while not first.running:
+        while first.tokens_generated < 3:  # the request is generating, not just submitted
             time.sleep(0.005)
         first.dead = True
         worker.join()

@@ -196,10 +196,12 @@ class TranscriptionService:
         evidence = self.state.settings.evidence
         next_checkpoint_tokens = evidence.checkpoint_every_tokens
         next_checkpoint_at = time.monotonic() + evidence.checkpoint_every_s
+        started_generating = False
         try:
             stream = engine.generate(request)
             async with contextlib.aclosing(stream):  # type: ignore[type-var]
                 async for update in stream:
+                    started_generating = True
                     if update.num_generated >= next_log:
                         next_log = (update.num_generated // PROGRESS_EVERY_TOKENS + 1) * PROGRESS_EVERY_TOKENS
                         logger.info(
@@ -215,6 +217,13 @@ class TranscriptionService:
                     yield update
         except EngineDeadError as exc:
             self.state.mark_engine_dead(str(exc))
+            if not started_generating:
+                # Nothing was generated for this request: it never really ran, so it is refused like any new one.
+                raise GatewayError(
+                    ErrorCode.ENGINE_NOT_READY,
+                    f"The engine is down ({exc}); the gateway is restarting it. Retry when GET /ready answers 200.",
+                    headers={"Retry-After": str(self.state.settings.limits.retry_after_s)},
+                ) from exc
             raise GatewayError(
                 ErrorCode.ENGINE_ERROR,
                 f"The engine died during the request ({exc}); the gateway is restarting it.",
