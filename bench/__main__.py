@@ -1,0 +1,150 @@
+"""``python -m bench``: the GPU benchmark of the gateway, the direct engine and the reference.
+
+    python -m bench run --workload short,long --model DIR --out results/short-long.json [engine options]
+    python -m bench run --workload program    --model DIR --out results/program.json
+    python -m bench run --workload reference  --model DIR --out results/reference.json
+    python -m bench checkpoint --out DIR --device cuda      # the full-size random checkpoint
+    python -m bench report results/*.json [--markdown]
+
+Each ``run`` prints the table and writes JSON (rows, per-request records, the
+backend identity, the qualification). Workloads: ``short`` (12 s clips at
+concurrency 1, 4, 16, 64), ``long`` (300 s and 600 s clips at 1 and 8),
+``program`` (the 2861.5 s program at 1), ``reference`` (Transformers, 12 s and
+300 s). ``--smoke`` shrinks every cell for a CPU run on the tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from bench import report
+from bench.workloads import ENGINE_WORKLOADS, cells_for
+
+
+def _workloads(text: str) -> list[str]:
+    return [w.strip() for w in text.split(",") if w.strip()]
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run workloads, print the table, write JSON")
+    p.add_argument(
+        "--workload", type=_workloads, required=True, help="comma-separated: short, long, program, reference"
+    )
+    p.add_argument("--model", type=Path, default=None, help="checkpoint folder (unset: the embedded tiny checkpoint)")
+    p.add_argument(
+        "--build-checkpoint", action="store_true", help="build the full-size random checkpoint into --model first"
+    )
+    p.add_argument("--checkpoint-device", default="cuda")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--smoke", action="store_true", help="CPU-sized cells (tiny checkpoint)")
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--deadline-s", type=float, default=540.0, help="skip cells that cannot finish before this")
+    p.add_argument("--start-timeout-s", type=float, default=420.0)
+    p.add_argument("--work-dir", default=None, help="where the WAV files are written (default: the temp dir)")
+    p.add_argument(
+        "--paced-engine-ms",
+        type=float,
+        default=None,
+        help="CPU study: a stand-in engine giving every request one token per step of this many ms",
+    )
+    p.add_argument("--profile", default=None, help="write a cProfile of the event loop during the gateway blocks here")
+    # the engine (all part of the backend identity)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-duration-s", type=float, default=None, help="the gateway's longest accepted audio")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, or fp8 (changes the identity)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on)")
+    # the gate
+    p.add_argument("--state-dir", default="state/bench")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument(
+        "--qualify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="qualify at start-up when no passing record exists (default on)",
+    )
+    p.add_argument(
+        "--allow-unqualified",
+        action="store_true",
+        help="if the gate stays closed, open it for the benchmark only as 'bench-unqualified'",
+    )
+    p.add_argument("--reference-device", default="cuda")
+    p.add_argument("--reference-dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    c = sub.add_parser("checkpoint", help="build the full-size random-weight checkpoint")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--device", default="cuda")
+    c.add_argument("--text-layers", type=int, default=None)
+    c.add_argument("--audio-layers", type=int, default=None)
+    c.add_argument("--dtype", default="bfloat16")
+    r = sub.add_parser("report", help="print the table of result files")
+    r.add_argument("files", type=Path, nargs="+")
+    r.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    if args.command == "checkpoint":
+        from bench.checkpoint import ensure_fullsize_checkpoint
+
+        ensure_fullsize_checkpoint(
+            args.out, device=args.device, dtype=args.dtype, text_layers=args.text_layers, audio_layers=args.audio_layers
+        )
+        return 0
+    if args.command == "report":
+        print(report.render(report.load(args.files), markdown=args.markdown))
+        return 0
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.build_checkpoint:
+        if args.model is None:
+            raise SystemExit("--build-checkpoint needs --model DIR")
+        from bench.checkpoint import ensure_fullsize_checkpoint
+
+        ensure_fullsize_checkpoint(args.model, device=args.checkpoint_device)
+    cells = cells_for(args.workload, smoke=args.smoke)
+    engine_cells = [c for c in cells if c.workload in ENGINE_WORKLOADS]
+    reference_cells = [c for c in cells if c.workload == "reference"]
+    results = []
+    if engine_cells:
+        from bench.harness import run_engine_bench
+
+        out = args.out if not reference_cells else args.out.with_name(args.out.stem + "-engine.json")
+        results.append(run_engine_bench(args, engine_cells, out))
+    if reference_cells:
+        from bench.reference import run_reference_bench
+
+        model_dir = args.model
+        if model_dir is None:
+            from service.checkpoint import ensure_tiny_checkpoint
+
+            model_dir = ensure_tiny_checkpoint(Path(args.cache_dir) if args.cache_dir else None)
+        out = args.out if not engine_cells else args.out.with_name(args.out.stem + "-reference.json")
+        results.append(run_reference_bench(args, reference_cells, out, Path(model_dir)))
+    print("\n" + report.render(results), flush=True)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's background threads can hold the interpreter after the results are written
+    os._exit(code)
