@@ -72,8 +72,15 @@ def compare_runs(
     candidate_stop: str,
     policy: Policy,
     tolerance: float,
+    relative_tolerance: float = 0.0,
     token_text: Callable[[int], str] = str,
 ) -> ParityResult:
+    """Compare two greedy runs.
+
+    A near-tie is a reference margin below `max(tolerance, relative_tolerance * |top-1 logit|)`:
+    BF16 resolves a logit of 138 only to steps of 1.0, so an absolute tolerance
+    alone cannot call a 2.0 margin there a tie, while at logits near 20 it can.
+    """
     def result(verdict: Verdict, divergence: Divergence | None, explanation: str) -> ParityResult:
         return ParityResult(
             verdict=verdict,
@@ -112,12 +119,13 @@ def compare_runs(
         reference_second_choice_id=None if step is None else step.top2_id,
         candidate_took_second_choice=took_second,
     )
-    if step is not None and took_second and step.margin < tolerance:
+    limit = tolerance if step is None else max(tolerance, relative_tolerance * abs(step.top1_logit))
+    if step is not None and took_second and step.margin < limit:
         return result(
             "explained",
             divergence,
             f"first divergence at token {position} is a near-tie: reference margin {step.margin:.3g} < "
-            f"{tolerance:g} and the engine took the reference's second choice",
+            f"{limit:.3g} and the engine took the reference's second choice",
         )
     if cand_id is None or ref_id is None:
         why = "the engine stopped early" if cand_id is None else "the reference stopped early"
@@ -126,5 +134,5 @@ def compare_runs(
     elif not took_second:
         why = "the engine's token is not the reference's second choice"
     else:
-        why = f"reference margin {step.margin:.3g} is not below the tolerance {tolerance:g}"
+        why = f"reference margin {step.margin:.3g} is not below the tolerance {limit:.3g}"
     return result("failed", divergence, f"first divergence at token {position}: {why}")

@@ -177,6 +177,7 @@ def _compare(reference: dict[str, Any], candidate: dict[str, Any], settings: Qua
         candidate_stop=candidate["stop"],
         policy=settings.policy,
         tolerance=settings.margin_tolerance,
+        relative_tolerance=settings.margin_relative_tolerance,
         token_text=token_text,
     )
 
@@ -261,6 +262,7 @@ async def qualify(
             "result": single.verdict,
             "policy": settings.policy,
             "tolerance": settings.margin_tolerance,
+            "relative_tolerance": settings.margin_relative_tolerance,
             "passed": single.passed,
             "batched_result": batched.verdict,
             "batched_passed": batched.passed,

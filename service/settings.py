@@ -153,6 +153,14 @@ class QualificationSettings(BaseModel):
     margin_tolerance: float = Field(
         0.05, ge=0, description="Reference top-2 logit margin below which a divergence is a near-tie."
     )
+    margin_relative_tolerance: float = Field(
+        0.02,
+        ge=0,
+        description=(
+            "Near-tie tolerance relative to the reference's top-1 logit (BF16 resolves large logits coarsely); "
+            "the larger of the two tolerances applies."
+        ),
+    )
     max_new_tokens: int = Field(256, gt=0, description="Budget of both qualification runs.")
     batch_size: int = Field(8, ge=1, description="Concurrent requests in the batch-invariance run.")
     qualify_on_start: bool | None = Field(

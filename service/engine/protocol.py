@@ -29,6 +29,9 @@ class GenerationRequest:
     temperature: float = 0.0
     ignore_eos: bool = False
     want_logprobs: int | None = None
+    #: False: the engine reports only the final output (no per-token updates to the gateway's event
+    #: loop, which costs throughput at high concurrency); True for streams, progress and evidence.
+    stream_deltas: bool = True
 
 
 @dataclass

@@ -191,7 +191,7 @@ class VllmTranscriptionEngine:
             ignore_eos=request.ignore_eos,
             skip_special_tokens=True,
             logprobs=request.want_logprobs,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA if request.stream_deltas else RequestOutputKind.FINAL_ONLY,
             seed=self._settings.seed if request.temperature > 0 else None,
         )
         prompt = {
@@ -221,7 +221,12 @@ class VllmTranscriptionEngine:
                 )
                 if finished:
                     timings.finished = time.monotonic()
-                    _engine_core_timings(timings, getattr(output, "metrics", None))
+                    stats = getattr(output, "metrics", None)
+                    _engine_core_timings(timings, stats)
+                    latency = getattr(stats, "first_token_latency", 0.0) or 0.0
+                    if not request.stream_deltas and latency > 0:
+                        # One final output only: the engine's own arrival-to-first-token time.
+                        timings.first_token = timings.submitted + latency
                     update.finish_reason = completion.finish_reason  # type: ignore[assignment]
                     update.stop_reason = completion.stop_reason
                     update.all_token_ids = all_ids

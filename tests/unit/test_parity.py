@@ -60,3 +60,14 @@ def test_candidate_stopping_early_fails_at_the_missing_position() -> None:
     assert result.verdict == "failed"
     assert result.first_divergence.position == 2
     assert result.first_divergence.candidate_token_id is None
+
+
+def test_relative_tolerance_explains_a_bf16_tie_at_large_logits() -> None:
+    top2 = [StepTop2(1, 138.0, 2, 136.0)]
+    kwargs = dict(reference_ids=[1], reference_stop="eos", reference_top2=top2, candidate_ids=[2],
+                  candidate_stop="eos", policy="explainable", tolerance=0.05)
+    assert compare_runs(**kwargs).verdict == "failed"
+    explained = compare_runs(**kwargs, relative_tolerance=0.02)
+    assert explained.verdict == "explained" and explained.passed
+    assert "2.76" in explained.explanation
+    assert compare_runs(**{**kwargs, "reference_top2": [StepTop2(1, 20.0, 2, 18.0)]}, relative_tolerance=0.02).verdict == "failed"

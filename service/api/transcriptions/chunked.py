@@ -13,17 +13,15 @@ import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from service.api.transcriptions.serving import Outcome, PreparedJob, TranscriptionService, wants_deltas
 from service.budget import TokenBudget
 from service.engine.protocol import EngineTimings, GenerationRequest, GenerationUpdate
 from service.errors import ErrorCode, GatewayError
 from service.evidence import Coverage, StopRecord, classify_stop, measure_coverage
 from service.longform import ChunkTranscript, Cut, link_speakers, plan_cuts, stitch
 from service.transcript import ParsedTranscript, parse_transcript
-
-if TYPE_CHECKING:
-    from service.api.transcriptions.serving import Outcome, PreparedJob, TranscriptionService
 
 
 @dataclass
@@ -82,6 +80,7 @@ async def _run_chunk(
         max_tokens=budget.max_tokens,
         temperature=job.params.temperature,
         ignore_eos=job.params.ignore_eos,
+        stream_deltas=wants_deltas(job, cut.duration_s),
     )
     final: GenerationUpdate | None = None
     async with gate:
@@ -129,8 +128,6 @@ def _aggregate_stop(chunks: list[ChunkResult], max_model_len: int) -> StopRecord
 
 async def run_chunked(service: TranscriptionService, job: PreparedJob) -> Outcome:
     """Every chunk on the engine (at most `longform.max_concurrent_chunks` at once), stitched and linked."""
-    from service.api.transcriptions.serving import Outcome
-
     assert job.plan is not None
     gate = asyncio.Semaphore(service.state.settings.longform.max_concurrent_chunks)
     tasks = [

@@ -44,6 +44,8 @@ _STREAM_SEGMENT = re.compile(
     r"\[\s*(?P<start>\d+(?:\.\d+)?)\s*\]\s*\[\s*(?P<speaker>S\d+)\s*\](?P<text>[^\[]*?)\[\s*(?P<end>\d+(?:\.\d+)?)\s*\]"
 )
 PROGRESS_EVERY_TOKENS = 256
+#: Passes over this much audio report per-token progress (log lines) even when not streamed.
+PROGRESS_AUDIO_S = 300.0
 
 
 @dataclass
@@ -181,6 +183,7 @@ class TranscriptionService:
             max_tokens=job.budget.max_tokens,
             temperature=job.params.temperature,
             ignore_eos=job.params.ignore_eos,
+            stream_deltas=wants_deltas(job, job.audio.duration_s),
         )
 
     # -- running ------------------------------------------------------------
@@ -618,6 +621,11 @@ class TranscriptionService:
             "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
             "moss": self.evidence(outcome),
         })
+
+
+def wants_deltas(job: PreparedJob, pass_duration_s: float) -> bool:
+    """Per-token updates only where someone uses them: streams, evidence, progress of long passes."""
+    return job.params.stream or job.params.capture_evidence or pass_duration_s > PROGRESS_AUDIO_S
 
 
 def _placeholder_budget(duration_s: float) -> TokenBudget:
