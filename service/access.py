@@ -1,8 +1,9 @@
 """API keys for /v1/* (and optionally /health, /ready, /metrics).
 
-Keys are compared in constant time against every configured key; the admin
-token (service/api/admin.py) is separate and never accepted here. No key is
-ever logged or echoed.
+Keys are compared in constant time against every configured key. The admin
+token (service/api/admin.py) is accepted here too, so that admin-only request
+fields can be used with it, but an API key never opens an admin route. No key
+is ever logged or echoed.
 """
 
 from __future__ import annotations
@@ -34,9 +35,18 @@ def key_matches(given: bytes | None, keys: tuple[bytes, ...]) -> bool:
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, *, keys: tuple[bytes, ...], protect_health: bool, protect_metrics: bool) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: tuple[bytes, ...],
+        protect_health: bool,
+        protect_metrics: bool,
+        extra_keys: tuple[bytes, ...] = (),
+    ) -> None:
         self.app = app
         self.keys = keys
+        self.accepted = keys + extra_keys
         self.protected = ["/v1/"]
         if protect_health:
             self.protected += ["/health", "/ready"]
@@ -45,7 +55,7 @@ class ApiKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.keys and any(scope["path"].startswith(p) for p in self.protected):
-            if not key_matches(bearer_token(scope["headers"]), self.keys):
+            if not key_matches(bearer_token(scope["headers"]), self.accepted):
                 error = GatewayError(
                     ErrorCode.UNAUTHORIZED,
                     "Missing or invalid API key: send 'Authorization: Bearer <key>'.",

@@ -204,9 +204,12 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
     access = settings.access
+    admin_token = settings.server.admin_token
     app.add_middleware(
         ApiKeyMiddleware,
         keys=access.load_keys(),
+        # The admin token also opens /v1/* (admin-only request fields travel with it); API keys never open /admin.
+        extra_keys=(admin_token.get_secret_value().encode(),) if admin_token else (),
         protect_health=access.protect_health,
         protect_metrics=access.protect_metrics,
     )

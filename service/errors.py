@@ -11,10 +11,12 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,30 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.ENGINE_ERROR: ErrorSpec(500, "server_error"),
     ErrorCode.QUALIFICATION_FAILED: ErrorSpec(409, "qualification_error"),
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorEnvelope(BaseModel):
+    """OpenAI's error body, for the OpenAPI schema."""
+
+    error: ErrorDetail
+
+
+def documented_errors(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for a route: each status it can answer, with the codes behind it."""
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(ERROR_TABLE[code].status, []).append(code.value)
+    return {
+        status: {"model": ErrorEnvelope, "description": "Error codes: " + ", ".join(names)}
+        for status, names in sorted(by_status.items())
+    }
 
 
 class GatewayError(Exception):

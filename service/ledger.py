@@ -37,6 +37,12 @@ def write_json_atomic(path: Path, document: Any) -> None:
     _fsync_dir(path.parent)
 
 
+def _ends_torn(fd: int) -> bool:
+    """True when the file is non-empty and its last byte is not a newline."""
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
 class JsonLinesLedger:
     """One JSON object per line, appended durably; thread-safe within a process."""
 
@@ -48,15 +54,20 @@ class JsonLinesLedger:
         line = (json.dumps(entry, ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8")
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, line)
+                if _ends_torn(fd):
+                    # A writer killed mid-line left a fragment: close it off so this line stays whole.
+                    line = b"\n" + line
+                written = 0
+                while written < len(line):
+                    written += os.write(fd, line[written:])
                 os.fsync(fd)
             finally:
                 os.close(fd)
 
     def read(self) -> Iterator[dict[str, Any]]:
-        """Complete lines only: a torn last line (crash mid-write) is skipped."""
+        """Complete, parseable lines only: a torn fragment (crash mid-write) is skipped."""
         if not self.path.exists():
             return
         with open(self.path, "rb") as handle:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from service.state import EngineStatus, GatewayState
 
@@ -58,7 +58,7 @@ async def models(request: Request) -> dict[str, object]:
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     state = _state(request)
     state.metrics.engine_ready.set(1 if state.engine_status is EngineStatus.READY else 0)

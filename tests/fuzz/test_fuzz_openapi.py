@@ -1,12 +1,12 @@
 """Schemathesis against the gateway's own OpenAPI schema, in-process through its ASGI app.
 
 Every operation the schema lists is fuzzed (so routes added later are covered
-without touching this file), with schema-conforming and schema-violating input, with the right, the
-wrong or no credential (API key on /v1, admin token on /admin),
-a fixed seed and a bounded number of examples. The contract checked: no 5xx,
-and every 4xx is the OpenAI error envelope from the one error table. Half the
-transcription cases carry a real WAV in `file`, so the form fields are fuzzed
-past decoding too, into the (fake) engine.
+without touching this file): with schema-conforming and schema-violating input;
+with the right, the wrong or no credential (API key on /v1, admin token on
+/admin); with a fixed seed and a bounded number of examples. The contract
+checked: no 5xx, and every 4xx is the OpenAI error envelope from the one error
+table. Half the transcription cases carry a real WAV in `file`, so the form
+fields are fuzzed past decoding too, into the (fake) engine.
 """
 
 from __future__ import annotations

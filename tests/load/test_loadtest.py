@@ -115,6 +115,8 @@ def test_load_run_reports_sane_numbers(live_gateway: LiveGateway, tmp_path: Path
             "4",
             "--pid",
             str(os.getpid()),
+            # The gateway runs in this process; other tests' servers may be its children.
+            "--no-children",
             "--sample-interval",
             "0.02",
             "--json-out",

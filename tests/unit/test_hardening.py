@@ -37,16 +37,21 @@ def test_api_keys_guard_v1_routes(fake_client: AppFactory, tmp_path: Path) -> No
     client, engine = fake_client(
         access={"api_keys": ["key-one"], "api_keys_file": str(keys)}, server={"admin_token": "admin-secret"}
     )
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Bearer admin-secret"}):
+    for headers in ({}, {"Authorization": "Bearer nope"}):
         response = transcribe(client, headers)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "unauthorized"
-        assert "nope" not in response.text and "admin-secret" not in response.text
+        assert "nope" not in response.text
     assert client.get("/v1/models").status_code == 401
     assert engine.requests == []
     assert transcribe(client, KEY).status_code == 200
     assert transcribe(client, {"Authorization": "Bearer key-two"}).status_code == 200
     assert client.get("/health").status_code == 200  # open unless protect_health
+    # The admin token opens /v1/* (for admin-only fields); an API key never opens /admin.
+    admin = {"Authorization": "Bearer admin-secret"}
+    forced = transcribe(client, admin, ignore_eos="true", max_completion_tokens="30")
+    assert forced.status_code == 200 and forced.headers["x-moss-stop"] == "max_tokens"
+    assert client.get("/admin/qualify", headers=KEY).status_code == 401
     assert client.get("/metrics").status_code == 200
     backend = client.get("/v1/backend", headers=KEY).text
     assert "key-one" not in backend and "key-two" not in backend and "admin-secret" not in backend

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,9 @@ from service.longform import ChunkingPolicy, from_request
 
 #: Upper bound on any output budget a client may ask for (the engine context caps it further).
 ABSURD_BUDGET = 1_000_000
+#: Longest custom instruction and hotword list accepted (the prompt must stay small next to the audio).
+MAX_INSTRUCTION_CHARS = 4000
+MAX_HOTWORDS = 200
 
 
 class ResponseFormat(str, enum.Enum):
@@ -75,8 +79,11 @@ def parse_budget(max_completion_tokens: str | None, max_new_tokens: str | None) 
         return None, "max_completion_tokens"
     parsed: dict[str, int] = {}
     for name, value in given.items():
+        text = str(value).strip()
         try:
-            number = int(str(value).strip())
+            if not re.fullmatch(r"[+-]?[0-9]+", text):  # int() would also take "1_0" and other scripts' digits
+                raise ValueError(text)
+            number = int(text)
         except ValueError:
             raise GatewayError(
                 ErrorCode.INVALID_BUDGET, f"{name} must be an integer, got '{value}'.", param=name
@@ -171,3 +178,18 @@ def _number(value: Any) -> Any:
         except ValueError:
             continue
     return value
+
+
+def check_instruction(prompt: str | None, hotwords: list[str]) -> None:
+    if prompt is not None and len(prompt) > MAX_INSTRUCTION_CHARS:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"prompt is {len(prompt)} characters; the longest accepted instruction is {MAX_INSTRUCTION_CHARS}.",
+            param="prompt",
+        )
+    if len(hotwords) > MAX_HOTWORDS or sum(len(word) for word in hotwords) > MAX_INSTRUCTION_CHARS:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"hotwords: at most {MAX_HOTWORDS} words and {MAX_INSTRUCTION_CHARS} characters are accepted.",
+            param="hotwords",
+        )

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from service.api.admin import require_admin
 from service.api.transcriptions.protocol import (
     TranscriptionParams,
+    check_instruction,
     parse_bool,
     parse_budget,
     parse_chunking_strategy,
@@ -19,7 +20,7 @@ from service.api.transcriptions.protocol import (
     parse_temperature,
 )
 from service.api.transcriptions.serving import TranscriptionService
-from service.errors import ErrorCode, GatewayError
+from service.errors import ErrorCode, GatewayError, documented_errors
 from service.longform import ChunkingPolicy
 from service.prompt import parse_hotwords
 from service.state import GatewayState
@@ -41,7 +42,11 @@ def _check_model(state: GatewayState, model: str | None) -> None:
         )
 
 
-@router.post("/v1/audio/transcriptions", response_model=None)
+@router.post(
+    "/v1/audio/transcriptions",
+    response_model=None,
+    responses=documented_errors(*(code for code in ErrorCode if code is not ErrorCode.QUALIFICATION_FAILED)),
+)
 async def create_transcription(
     request: Request,
     file: Annotated[UploadFile | None, File(description="The audio file.")] = None,
@@ -65,6 +70,9 @@ async def create_transcription(
             "No audio file was uploaded: send it as the multipart form field 'file'.",
             param="file",
         )
+    form = await request.form()
+    if len(form.getlist("file")) > 1:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "Send exactly one 'file' part; this request has several.", param="file")
     fmt = parse_response_format(response_format)
     wants_stream = parse_bool(stream, param="stream")
     if wants_stream and not fmt.can_stream:
@@ -75,7 +83,9 @@ async def create_transcription(
             param="stream",
         )
     budget, budget_field = parse_budget(max_completion_tokens, max_new_tokens)
-    chunking = parse_chunking_strategy(await request.form(), ChunkingPolicy(**state.settings.chunking_defaults()))
+    chunking = parse_chunking_strategy(form, ChunkingPolicy(**state.settings.chunking_defaults()))
+    words = parse_hotwords(hotwords)
+    check_instruction(prompt, words)
     force_budget = parse_bool(ignore_eos, param="ignore_eos")
     keep_evidence = parse_bool(capture_evidence, param="capture_evidence")
     if force_budget or keep_evidence:
@@ -83,7 +93,7 @@ async def create_transcription(
     params = TranscriptionParams(
         model=model,
         instruction_override=prompt,
-        hotwords=tuple(parse_hotwords(hotwords)),
+        hotwords=tuple(words),
         language=language,
         response_format=fmt,
         temperature=parse_temperature(temperature),
