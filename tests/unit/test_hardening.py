@@ -273,3 +273,27 @@ def test_sigterm_past_the_drain_deadline_aborts(tmp_path: Path) -> None:
     assert time.monotonic() - started < 8  # not the 16 s the request would have taken
     ledger = [json.loads(x) for x in (tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()]
     assert [(line["status"], line["stop"]["stop"]) for line in ledger] == [(499, "aborted")]
+
+
+def test_upload_cap_holds_for_a_chunked_body_without_length(fake_client: AppFactory) -> None:
+    """No Content-Length to refuse up front: the cap is counted as the body streams in."""
+    client, engine = fake_client(audio={"max_upload_bytes": 4096})
+    boundary = "capboundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+
+    def body():
+        yield head
+        for _ in range(64):
+            yield b"\0" * 4096  # 256 KiB, far past the cap
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    response = client.post(
+        "/v1/audio/transcriptions", content=body(),
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "upload_too_large"
+    assert engine.requests == []
