@@ -19,10 +19,11 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bench import report
-from bench.workloads import ENGINE_WORKLOADS, cells_for
+from bench.workloads import ENGINE_WORKLOADS, Cell, cells_for
 
 
 def _workloads(text: str) -> list[str]:
@@ -40,6 +41,18 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint-device", default="cuda")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--cells", type=_workloads, default=None, help="comma-separated cell names: run only these, in this order"
+    )
+    p.add_argument(
+        "--add-path",
+        action="append",
+        default=[],
+        choices=("direct-final",),
+        help="an extra path for the cells that have 'direct': direct-final = the adapter with final-only output "
+        "(stream_deltas=False, what the gateway asks for unstreamed short passes)",
+    )
+    p.add_argument("--add-path-min-concurrency", type=int, default=1, help="add --add-path only from this concurrency")
     p.add_argument("--smoke", action="store_true", help="CPU-sized cells (tiny checkpoint)")
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--deadline-s", type=float, default=540.0, help="skip cells that cannot finish before this")
@@ -62,6 +75,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (default: graphs on)")
+    # the gateway's admission control (not part of the identity): unset keeps the gateway's default (16)
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
+        help="limits.max_concurrent_requests (admission slots); set it to the highest concurrency measured, "
+        "or the gateway's 16 slots cap the concurrency-64 cell",
+    )
     # the gate
     p.add_argument("--state-dir", default="state/bench")
     p.add_argument("--cache-dir", default=None)
@@ -78,6 +99,27 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--reference-device", default="cuda")
     p.add_argument("--reference-dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+
+
+def select_cells(
+    cells: list[Cell], names: list[str] | None, add_paths: list[str], min_concurrency: int = 1
+) -> list[Cell]:
+    """Only the named cells (in the given order), with extra paths where the cell has 'direct'."""
+    if names:
+        by_name = {c.name: c for c in cells}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise SystemExit(f"unknown cell(s) {', '.join(unknown)}; the workloads have {', '.join(by_name)}")
+        cells = [by_name[n] for n in names]
+    out = []
+    for cell in cells:
+        extra = tuple(
+            p
+            for p in add_paths
+            if p not in cell.paths and "direct" in cell.paths and cell.concurrency >= min_concurrency
+        )
+        out.append(replace(cell, paths=cell.paths + extra) if extra else cell)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
         from bench.checkpoint import ensure_fullsize_checkpoint
 
         ensure_fullsize_checkpoint(args.model, device=args.checkpoint_device)
-    cells = cells_for(args.workload, smoke=args.smoke)
+    cells = select_cells(
+        cells_for(args.workload, smoke=args.smoke), args.cells, args.add_path, args.add_path_min_concurrency
+    )
     engine_cells = [c for c in cells if c.workload in ENGINE_WORKLOADS]
     reference_cells = [c for c in cells if c.workload == "reference"]
     results = []

@@ -10,7 +10,11 @@ served by uvicorn on 127.0.0.1, and through its lifespan the one
   over HTTP on loopback, with the admin-only ``ignore_eos=true`` and
   ``max_completion_tokens``;
 * ``raw`` (the 12 s, one-stream cell only): vLLM's ``AsyncLLM.generate`` with
-  final-only output, without the adapter, to show what the adapter itself costs.
+  final-only output, without the adapter, to show what the adapter itself costs;
+* ``direct-final`` (opt-in, ``--add-path direct-final``): like ``direct`` but with
+  ``stream_deltas=False`` (vLLM ``FINAL_ONLY``), the engine request the gateway
+  builds for unstreamed short passes since 8cbdcd9; ``direct`` keeps per-token
+  ``DELTA`` updates, as before.
 
 The gateway opens only on a passing qualification (the real one, on the GPU,
 against the Transformers reference) unless ``--allow-unqualified`` is given; then
@@ -182,7 +186,12 @@ class EngineBench:
             "reference_device": a.reference_device,
             "reference_dtype": a.reference_dtype,
         }
+        extra: dict[str, Any] = {}
+        if getattr(a, "max_concurrent_requests", None) is not None:
+            slots = int(a.max_concurrent_requests)
+            extra["limits"] = {"max_concurrent_requests": slots, "max_queued_requests": max(64, slots)}
         return GatewaySettings(
+            **extra,
             state_dir=Path(a.state_dir),
             cache_dir=Path(a.cache_dir) if a.cache_dir else None,
             server={"host": "127.0.0.1", "port": self.port, "admin_token": self.token, "log_level": "warning"},
@@ -362,7 +371,7 @@ class EngineBench:
 
         # warm-up: one request of this shape per path (kernels, allocator, graphs)
         warm = self._audio(cell, 2)
-        if "direct" in cell.paths or "raw" in cell.paths:
+        if "direct" in cell.paths or "raw" in cell.paths or "direct-final" in cell.paths:
             await self.direct_block(engine, [pcm16_to_float(warm[0])], 1, 1, cell.warmup_tokens, instruction)
         if "gateway" in cell.paths:
             path = write_wav(cell_dir / "warmup.wav", warm[1])
@@ -384,10 +393,16 @@ class EngineBench:
                         )
                     for f in files:
                         f.unlink(missing_ok=True)
-                elif path_name == "direct":
+                elif path_name in ("direct", "direct-final"):
                     audios = [pcm16_to_float(p) for p in pcms]
                     wall, records = await self.direct_block(
-                        engine, audios, cell.concurrency, per_block, cell.output_tokens, instruction
+                        engine,
+                        audios,
+                        cell.concurrency,
+                        per_block,
+                        cell.output_tokens,
+                        instruction,
+                        stream_deltas=path_name == "direct",
                     )
                 elif path_name == "raw":
                     audios = [pcm16_to_float(p) for p in pcms]
@@ -433,6 +448,8 @@ class EngineBench:
         per_worker: int,
         max_tokens: int,
         instruction: str,
+        *,
+        stream_deltas: bool = True,
     ) -> tuple[float, list[dict[str, Any]]]:
         from service.engine.protocol import GenerationRequest
 
@@ -445,6 +462,7 @@ class EngineBench:
                 instruction=instruction,
                 max_tokens=max_tokens,
                 ignore_eos=True,
+                stream_deltas=stream_deltas,
             )
             started = time.perf_counter()
             first = None
@@ -455,6 +473,11 @@ class EngineBench:
                 if update.finished:
                     final = update
             done = time.perf_counter()
+            ttft = None if first is None else first - started
+            timings = getattr(final, "timings", None)
+            if not stream_deltas and timings is not None and timings.first_token and timings.submitted:
+                # one final output only: the adapter's timer (the engine's own arrival-to-first-token)
+                ttft = timings.first_token - timings.submitted
             records.append(
                 {
                     "index": index,
@@ -462,7 +485,7 @@ class EngineBench:
                     "t_start": started,
                     "t_end": done,
                     "latency_s": done - started,
-                    "ttft_s": None if first is None else first - started,
+                    "ttft_s": ttft,
                     "generated_tokens": None if final is None else len(final.all_token_ids),
                     "prompt_tokens": None if final is None else final.prompt_token_count,
                     "finish_reason": None if final is None else final.finish_reason,

@@ -39,7 +39,11 @@ def summarize(cell: Cell, path: str, wall_s: float, records: list[dict[str, Any]
         ttft_source = "client (SSE)" if ttft_client else "gateway engine timer"
     else:
         ttft = _num([r.get("ttft_s") for r in ok])
-        ttft_source = "engine adapter" if path == "direct" else ("generate streamer" if path == "transformers" else "")
+        ttft_source = {
+            "direct": "engine adapter",
+            "direct-final": "engine adapter (vLLM first_token_latency)",
+            "transformers": "generate streamer",
+        }.get(path, "")
     audio_s = cell.duration_s * len(ok)
     tokens = sum(generated)
     per_stream = []

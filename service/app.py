@@ -223,7 +223,8 @@ def create_app(
 def admission_controller(settings: GatewaySettings, metrics: GatewayMetrics) -> AdmissionController:
     limits = settings.limits
     return AdmissionController(
-        max_concurrent=limits.max_concurrent_requests,
+        # Unset: as many as the engine decodes in one batch, so the gateway never starves the engine.
+        max_concurrent=limits.max_concurrent_requests or settings.engine.max_num_seqs,
         max_queued=limits.max_queued_requests,
         queue_timeout_s=limits.queue_timeout_s,
         retry_after_s=limits.retry_after_s,

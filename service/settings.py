@@ -58,7 +58,9 @@ class AccessSettings(BaseModel):
 class LimitsSettings(BaseModel):
     """Backpressure: what the gateway takes on at once, and how long a request may run."""
 
-    max_concurrent_requests: int = Field(16, gt=0, description="Transcriptions decoding or generating at once.")
+    max_concurrent_requests: int | None = Field(
+        None, gt=0, description="Transcriptions decoding or generating at once. Unset: engine.max_num_seqs."
+    )
     max_queued_requests: int = Field(64, ge=0, description="Transcriptions waiting for a slot; beyond it, 429.")
     queue_timeout_s: float = Field(300.0, gt=0, description="Longest wait for a slot before 429.")
     request_timeout_s: float = Field(7200.0, gt=0, description="Longest a transcription may run before it is aborted.")
