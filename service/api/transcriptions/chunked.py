@@ -19,7 +19,7 @@ from service.api.transcriptions.serving import Outcome, PreparedJob, Transcripti
 from service.budget import TokenBudget
 from service.engine.protocol import EngineTimings, GenerationRequest, GenerationUpdate
 from service.errors import ErrorCode, GatewayError
-from service.evidence import Coverage, StopRecord, classify_stop, measure_coverage
+from service.evidence import Coverage, StopRecord, measure_coverage
 from service.longform import ChunkTranscript, Cut, link_speakers, plan_cuts, stitch
 from service.transcript import ParsedTranscript, parse_transcript
 
@@ -71,7 +71,6 @@ def _sum_budgets(duration_s: float, budgets: list[TokenBudget]) -> TokenBudget:
 async def _run_chunk(
     service: TranscriptionService, job: PreparedJob, cut: Cut, budget: TokenBudget, gate: asyncio.Semaphore
 ) -> ChunkResult:
-    engine = service.state.require_engine()
     first, last = cut.sample_span(job.audio.sample_rate)
     request = GenerationRequest(
         request_id=f"{job.request_id}-c{cut.index}-{uuid.uuid4().hex[:6]}",
@@ -90,16 +89,7 @@ async def _run_chunk(
     if final is None:
         raise GatewayError(ErrorCode.ENGINE_ERROR, f"The engine ended chunk {cut.index} without a final output.")
     transcript = parse_transcript(final.text)
-    stop = classify_stop(
-        finish_reason=final.finish_reason,
-        stop_reason=final.stop_reason,
-        token_ids=final.all_token_ids,
-        eos_token_ids=engine.eos_token_ids,
-        max_tokens=budget.max_tokens,
-        prompt_tokens=final.prompt_token_count or budget.prompt_tokens,
-        max_model_len=engine.max_model_len,
-        token_text=engine.token_text,
-    )
+    stop = service.classify(final, budget)
     return ChunkResult(
         cut=cut, request_id=request.request_id, budget=budget, final=final, transcript=transcript, stop=stop,
         coverage=measure_coverage(transcript, cut.duration_s),

@@ -234,19 +234,23 @@ class TranscriptionService:
         finally:
             metrics.in_flight.dec()
 
-    def _conclude(self, job: PreparedJob, final: GenerationUpdate) -> Outcome:
+    def classify(self, final: GenerationUpdate, budget: TokenBudget) -> StopRecord:
+        """The stop of one engine pass, from what the engine reported."""
         engine = self.state.require_engine()
-        transcript = parse_transcript(final.text)
-        stop = classify_stop(
+        return classify_stop(
             finish_reason=final.finish_reason,
             stop_reason=final.stop_reason,
             token_ids=final.all_token_ids,
             eos_token_ids=engine.eos_token_ids,
-            max_tokens=job.budget.max_tokens,
-            prompt_tokens=final.prompt_token_count or job.budget.prompt_tokens,
+            max_tokens=budget.max_tokens,
+            prompt_tokens=final.prompt_token_count or budget.prompt_tokens,
             max_model_len=engine.max_model_len,
             token_text=engine.token_text,
         )
+
+    def _conclude(self, job: PreparedJob, final: GenerationUpdate) -> Outcome:
+        transcript = parse_transcript(final.text)
+        stop = self.classify(final, job.budget)
         coverage = measure_coverage(transcript, job.audio.duration_s)
         reasons = truncation_reasons(stop, coverage, margin_s=self.state.settings.budget.coverage_margin_s)
         return Outcome(
@@ -560,13 +564,7 @@ class TranscriptionService:
         await self.account(outcome, status=200)
         for segment in outcome.transcript.segments:
             yield _sse(diarized_segment(segment))
-        yield _sse({
-            "type": "transcript.text.done",
-            "text": outcome.transcript.text,
-            "usage": self.usage(outcome),
-            "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
-            "moss": self.evidence(outcome),
-        })
+        yield _sse(self.done_event(outcome))
 
     async def _stream_events(self, job: PreparedJob) -> AsyncIterator[bytes]:
         """OpenAI's stream events, plus progress and the evidence on the final event."""
@@ -614,13 +612,17 @@ class TranscriptionService:
             return
         outcome = self._conclude(job, final)
         await self.account(outcome, status=200)
-        yield _sse({
+        yield _sse(self.done_event(outcome))
+
+    def done_event(self, outcome: Outcome) -> dict[str, Any]:
+        """The stream's last event: OpenAI's `transcript.text.done` with the stop evidence."""
+        return {
             "type": "transcript.text.done",
             "text": outcome.transcript.text,
             "usage": self.usage(outcome),
             "backend": {"fingerprint": self.state.gate.fingerprint, "qualification_id": self.state.gate.qualification_id},
             "moss": self.evidence(outcome),
-        })
+        }
 
 
 def wants_deltas(job: PreparedJob, pass_duration_s: float) -> bool:
