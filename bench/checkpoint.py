@@ -200,13 +200,12 @@ def build_fullsize_checkpoint(
     """Write the checkpoint into ``out_dir`` (created; must be empty or absent); return a report."""
     import torch
     from safetensors.torch import save_file
-    from transformers import GenerationConfig, PreTrainedTokenizerFast
+    from transformers import GenerationConfig
 
-    from service.checkpoint.build import REMOTE_CODE_DIR, REMOTE_CODE_FILES, fan_in_init, make_feature_extractor
+    from service.checkpoint.build import fan_in_init, write_processor_files
     from service.checkpoint.remote_code.modeling_moss_transcribe_diarize import (
         MossTranscribeDiarizeForConditionalGeneration,
     )
-    from service.checkpoint.remote_code.processing_moss_transcribe_diarize import MossTranscribeDiarizeProcessor
     from service.checkpoint.tokenizer import save_tokenizer
 
     sizes = sizes_with(text_layers, audio_layers)
@@ -222,29 +221,8 @@ def build_fullsize_checkpoint(
     eos_ids = [special_ids["<|im_end|>"], special_ids["<|endoftext|>"]]
     pad_id = special_ids["<|endoftext|>"]
 
-    # 2. feature extractor, processor config, remote code (as service/checkpoint/build.py writes them)
-    fe = make_feature_extractor()
-    processor_auto_map = {"AutoProcessor": "processing_moss_transcribe_diarize.MossTranscribeDiarizeProcessor"}
-    fe_dict = fe.to_dict()
-    fe_dict.pop("mel_filters", None)
-    fe_dict["processor_class"] = "MossTranscribeDiarizeProcessor"
-    fe_dict["auto_map"] = processor_auto_map
-    _write_json(out_dir / "preprocessor_config.json", fe_dict)
-    proc_cfg = dict(sizes["processor"])
-    proc_cfg.update(
-        {
-            "processor_class": "MossTranscribeDiarizeProcessor",
-            "auto_map": processor_auto_map,
-            "audio_token": "<|audio_pad|>",
-            "audio_start_token": "<|audio_start|>",
-            "audio_end_token": "<|audio_end|>",
-        }
-    )
-    _write_json(out_dir / "processor_config.json", proc_cfg)
-    for name in REMOTE_CODE_FILES:
-        shutil.copyfile(REMOTE_CODE_DIR / name, out_dir / name)
-    hf_tok = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
-    processor = MossTranscribeDiarizeProcessor(fe, hf_tok, **sizes["processor"])
+    # 2. feature extractor, processor config, remote code (the tiny checkpoint's own writer)
+    processor = write_processor_files(out_dir, sizes["processor"])
     t_tok = time.perf_counter()
 
     # 3. model: fan-in initialisation on the target device, no training

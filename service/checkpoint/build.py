@@ -128,6 +128,38 @@ def make_feature_extractor() -> WhisperFeatureExtractor:
     )
 
 
+def write_processor_files(out_dir: Path, processor_sizes: dict[str, Any]) -> MossTranscribeDiarizeProcessor:
+    """Feature extractor and processor configs plus the remote code, next to a saved tokenizer.
+
+    Shared by every checkpoint the project builds (the tiny one here, the full-size one in bench/),
+    so that they all load through the same `auto_map` and the same processor.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    fe = make_feature_extractor()
+    processor_auto_map = {"AutoProcessor": "processing_moss_transcribe_diarize.MossTranscribeDiarizeProcessor"}
+    fe_dict = fe.to_dict()
+    fe_dict.pop("mel_filters", None)
+    fe_dict["processor_class"] = "MossTranscribeDiarizeProcessor"
+    fe_dict["auto_map"] = processor_auto_map
+    _write_json(out_dir / "preprocessor_config.json", fe_dict)
+    proc_cfg = dict(processor_sizes)
+    proc_cfg.update(
+        {
+            "processor_class": "MossTranscribeDiarizeProcessor",
+            "auto_map": processor_auto_map,
+            "audio_token": "<|audio_pad|>",
+            "audio_start_token": "<|audio_start|>",
+            "audio_end_token": "<|audio_end|>",
+        }
+    )
+    _write_json(out_dir / "processor_config.json", proc_cfg)
+    for name in REMOTE_CODE_FILES:
+        shutil.copyfile(REMOTE_CODE_DIR / name, out_dir / name)
+    hf_tok = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
+    return MossTranscribeDiarizeProcessor(fe, hf_tok, **processor_sizes)
+
+
 def make_config(vocab_size: int, audio_token_id: int, eos_ids: list[int], pad_id: int) -> MossTranscribeDiarizeConfig:
     t, a = SIZES["text"], SIZES["audio"]
     text_config = {
@@ -278,31 +310,8 @@ def build_checkpoint(out_dir: Path, log: Callable[[str], None] | None = None) ->
         pad_id = special_ids["<|endoftext|>"]
 
         # 2. feature extractor + processor
-        fe = make_feature_extractor()
-        processor_auto_map = {"AutoProcessor": "processing_moss_transcribe_diarize.MossTranscribeDiarizeProcessor"}
-        fe_dict = fe.to_dict()
-        fe_dict.pop("mel_filters", None)
-        fe_dict["processor_class"] = "MossTranscribeDiarizeProcessor"
-        fe_dict["auto_map"] = processor_auto_map
-        _write_json(out_dir / "preprocessor_config.json", fe_dict)
-        proc_cfg = dict(SIZES["processor"])
-        proc_cfg.update(
-            {
-                "processor_class": "MossTranscribeDiarizeProcessor",
-                "auto_map": processor_auto_map,
-                "audio_token": "<|audio_pad|>",
-                "audio_start_token": "<|audio_start|>",
-                "audio_end_token": "<|audio_end|>",
-            }
-        )
-        _write_json(out_dir / "processor_config.json", proc_cfg)
-        for name in REMOTE_CODE_FILES:
-            shutil.copyfile(REMOTE_CODE_DIR / name, out_dir / name)
-
-        from transformers import PreTrainedTokenizerFast
-
-        hf_tok = PreTrainedTokenizerFast.from_pretrained(str(out_dir))
-        processor = MossTranscribeDiarizeProcessor(fe, hf_tok, **SIZES["processor"])
+        processor = write_processor_files(out_dir, SIZES["processor"])
+        hf_tok = processor.tokenizer
         report["tokenizer_size"] = len(hf_tok)
         report["vocab_size"] = vocab_size
         report["special_token_ids"] = special_ids

@@ -112,3 +112,16 @@ def test_padded_tokenizer_keeps_prompts_and_decodes_every_id() -> None:
     remap = {base.token_to_id(t): padded.token_to_id(t) for t in SPECIAL_TOKENS}
     assert [remap.get(i, i) for i in base.encode(text).ids] == padded.encode(text).ids
     assert padded.decode([600, 151_000]) == " w600 w151000"
+
+
+def test_fullsize_builder_writes_a_loadable_checkpoint(tmp_path) -> None:
+    """The full-size builder at one layer each: the files the engine and the reference load."""
+    from transformers import AutoProcessor
+
+    from bench.checkpoint import build_fullsize_checkpoint
+
+    build_fullsize_checkpoint(tmp_path / "ckpt", text_layers=1, audio_layers=1, dtype="float32")
+    processor = AutoProcessor.from_pretrained(str(tmp_path / "ckpt"), trust_remote_code=True)
+    assert processor.count_prompt_tokens(160_000) == 188  # the 10 s prompt, as the tiny checkpoint counts it
+    for name in ("config.json", "processor_config.json", "preprocessor_config.json", "tokenizer.json"):
+        assert (tmp_path / "ckpt" / name).is_file()
