@@ -146,7 +146,7 @@ _REQUEST_ID = re.compile(r"^trsc-[0-9a-f]{32}$")
 @router.get("/admin/evidence/{request_id}")
 async def get_evidence(request: Request, request_id: str, _: Admin) -> JSONResponse:
     """The full evidence bundle of one request (kept when capture was on)."""
-    from service.api.transcriptions.serving import evidence_path
+    from service.api.transcriptions.accounting import evidence_path
 
     path = evidence_path(_state(request), request_id)
     if not _REQUEST_ID.match(request_id) or not path.is_file():

@@ -15,7 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.transcriptions.serving import Outcome, PreparedJob, TranscriptionService, wants_deltas
+from service.api.transcriptions.jobs import Outcome, PreparedJob, wants_deltas
+from service.api.transcriptions.serving import TranscriptionService
 from service.budget import TokenBudget
 from service.engine.protocol import EngineTimings, GenerationRequest, GenerationUpdate
 from service.errors import ErrorCode, GatewayError
