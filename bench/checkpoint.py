@@ -108,73 +108,6 @@ def padded_tokenizer(vocab_size: int) -> Any:
     return tok
 
 
-def make_full_config(sizes: dict[str, Any], *, audio_token_id: int, eos_ids: list[int], pad_id: int, dtype: str) -> Any:
-    from service.checkpoint.build import ARCHITECTURE
-    from service.checkpoint.remote_code.configuration_moss_transcribe_diarize import MossTranscribeDiarizeConfig
-
-    t, a = sizes["text"], sizes["audio"]
-    text_config = {
-        "vocab_size": t["vocab_size"],
-        "hidden_size": t["hidden_size"],
-        "intermediate_size": t["intermediate_size"],
-        "num_hidden_layers": t["num_hidden_layers"],
-        "num_attention_heads": t["num_attention_heads"],
-        "num_key_value_heads": t["num_key_value_heads"],
-        "head_dim": t["head_dim"],
-        "hidden_act": "silu",
-        "max_position_embeddings": t["max_position_embeddings"],
-        "rms_norm_eps": t["rms_norm_eps"],
-        "rope_parameters": {"rope_type": "default", "rope_theta": t["rope_theta"]},
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": t["num_hidden_layers"],
-        "layer_types": ["full_attention"] * t["num_hidden_layers"],
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "bos_token_id": None,
-        "eos_token_id": eos_ids[0],
-        "pad_token_id": pad_id,
-        "dtype": dtype,
-    }
-    audio_config = {
-        "num_mel_bins": a["num_mel_bins"],
-        "d_model": a["d_model"],
-        "encoder_layers": a["encoder_layers"],
-        "encoder_attention_heads": a["encoder_attention_heads"],
-        "encoder_ffn_dim": a["encoder_ffn_dim"],
-        "decoder_layers": 1,  # the decoder half of WhisperConfig is unused
-        "decoder_attention_heads": a["encoder_attention_heads"],
-        "decoder_ffn_dim": a["encoder_ffn_dim"],
-        "max_source_positions": a["max_source_positions"],
-        "activation_function": "gelu",
-        "scale_embedding": False,
-        "dropout": 0.0,
-        "attention_dropout": 0.0,
-        "activation_dropout": 0.0,
-        "encoder_layerdrop": 0.0,
-        "dtype": dtype,
-    }
-    config = MossTranscribeDiarizeConfig(
-        text_config=text_config,
-        audio_config=audio_config,
-        audio_token_id=audio_token_id,
-        audio_merge_size=sizes["audio_merge_size"],
-        tie_word_embeddings=True,
-        architectures=[ARCHITECTURE],
-        dtype=dtype,
-        eos_token_id=eos_ids[0],
-        pad_token_id=pad_id,
-    )
-    config.auto_map = {
-        "AutoConfig": "configuration_moss_transcribe_diarize.MossTranscribeDiarizeConfig",
-        "AutoModel": "modeling_moss_transcribe_diarize.MossTranscribeDiarizeModel",
-        "AutoModelForCausalLM": "modeling_moss_transcribe_diarize.MossTranscribeDiarizeForConditionalGeneration",
-    }
-    return config
-
-
 def sizes_with(text_layers: int | None = None, audio_layers: int | None = None) -> dict[str, Any]:
     sizes = json.loads(json.dumps(FULL_SIZES))
     if text_layers is not None:
@@ -202,7 +135,7 @@ def build_fullsize_checkpoint(
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    from service.checkpoint.build import fan_in_init, write_processor_files
+    from service.checkpoint.build import fan_in_init, make_config, write_processor_files
     from service.checkpoint.remote_code.modeling_moss_transcribe_diarize import (
         MossTranscribeDiarizeForConditionalGeneration,
     )
@@ -226,7 +159,7 @@ def build_fullsize_checkpoint(
     t_tok = time.perf_counter()
 
     # 3. model: fan-in initialisation on the target device, no training
-    config = make_full_config(
+    config = make_config(
         sizes, audio_token_id=processor.audio_token_id, eos_ids=eos_ids, pad_id=pad_id, dtype=dtype
     )
     config._attn_implementation = "sdpa"

@@ -160,10 +160,13 @@ def write_processor_files(out_dir: Path, processor_sizes: dict[str, Any]) -> Mos
     return MossTranscribeDiarizeProcessor(fe, hf_tok, **processor_sizes)
 
 
-def make_config(vocab_size: int, audio_token_id: int, eos_ids: list[int], pad_id: int) -> MossTranscribeDiarizeConfig:
-    t, a = SIZES["text"], SIZES["audio"]
+def make_config(
+    sizes: dict[str, Any], *, audio_token_id: int, eos_ids: list[int], pad_id: int, dtype: str = "float32"
+) -> MossTranscribeDiarizeConfig:
+    """The model config for a size table (the tiny one here, the full-size one in bench/)."""
+    t, a = sizes["text"], sizes["audio"]
     text_config = {
-        "vocab_size": vocab_size,
+        "vocab_size": t["vocab_size"],
         "hidden_size": t["hidden_size"],
         "intermediate_size": t["intermediate_size"],
         "num_hidden_layers": t["num_hidden_layers"],
@@ -185,7 +188,7 @@ def make_config(vocab_size: int, audio_token_id: int, eos_ids: list[int], pad_id
         "bos_token_id": None,
         "eos_token_id": eos_ids[0],
         "pad_token_id": pad_id,
-        "dtype": "float32",
+        "dtype": dtype,
     }
     audio_config = {
         "num_mel_bins": a["num_mel_bins"],
@@ -204,16 +207,16 @@ def make_config(vocab_size: int, audio_token_id: int, eos_ids: list[int], pad_id
         "attention_dropout": 0.0,
         "activation_dropout": 0.0,
         "encoder_layerdrop": 0.0,
-        "dtype": "float32",
+        "dtype": dtype,
     }
     config = MossTranscribeDiarizeConfig(
         text_config=text_config,
         audio_config=audio_config,
         audio_token_id=audio_token_id,
-        audio_merge_size=SIZES["audio_merge_size"],
+        audio_merge_size=sizes["audio_merge_size"],
         tie_word_embeddings=True,
         architectures=[ARCHITECTURE],
-        dtype="float32",
+        dtype=dtype,
         eos_token_id=eos_ids[0],
         pad_token_id=pad_id,
     )
@@ -319,7 +322,8 @@ def build_checkpoint(out_dir: Path, log: Callable[[str], None] | None = None) ->
         t_tok = time.perf_counter()
 
         # 3. model
-        config = make_config(vocab_size, special_ids["<|audio_pad|>"], eos_ids, pad_id)
+        sizes = {**SIZES, "text": {**SIZES["text"], "vocab_size": vocab_size}}
+        config = make_config(sizes, audio_token_id=special_ids["<|audio_pad|>"], eos_ids=eos_ids, pad_id=pad_id)
         config._attn_implementation = "sdpa"
         model = MossTranscribeDiarizeForConditionalGeneration(config).float()
         fan_in_init(model, generator)
