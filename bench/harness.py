@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -492,15 +493,7 @@ class EngineBench:
                 }
             )
 
-        async def worker(w: int) -> None:
-            for k in range(per_worker):
-                await one(w * per_worker + k)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        wall = time.perf_counter() - started
-        records.sort(key=lambda r: r["index"])
-        return wall, records
+        return await closed_loop(one, records, concurrency, per_worker)
 
     async def raw_block(
         self,
@@ -546,15 +539,7 @@ class EngineBench:
                 }
             )
 
-        async def worker(w: int) -> None:
-            for k in range(per_worker):
-                await one(w * per_worker + k)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
-        wall = time.perf_counter() - started
-        records.sort(key=lambda r: r["index"])
-        return wall, records
+        return await closed_loop(one, records, concurrency, per_worker)
 
     async def gateway_block(
         self, cell: Cell, files: list[Path], concurrency: int, per_worker: int, max_tokens: int, label: str
@@ -633,3 +618,19 @@ def _runner() -> asyncio.Runner:
         return asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         return asyncio.Runner()
+
+
+async def closed_loop(
+    one: Callable[[int], Awaitable[None]], records: list[dict[str, Any]], concurrency: int, per_worker: int
+) -> tuple[float, list[dict[str, Any]]]:
+    """`concurrency` streams of `per_worker` requests each, back to back; wall time and the sorted records."""
+
+    async def worker(w: int) -> None:
+        for k in range(per_worker):
+            await one(w * per_worker + k)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    wall = time.perf_counter() - started
+    records.sort(key=lambda r: r["index"])
+    return wall, records
