@@ -29,6 +29,11 @@ def canonical_json(document: Any) -> bytes:
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
+def fingerprint_of(identity: Any) -> str:
+    """The name of a backend identity: SHA-256 of its canonical JSON."""
+    return hashlib.sha256(canonical_json(identity)).hexdigest()
+
+
 @dataclass(frozen=True)
 class RecordCheck:
     path: Path
@@ -107,7 +112,7 @@ class RecordStore:
             record = check.record
             if record.get("fingerprint") != fingerprint:
                 continue
-            if hashlib.sha256(canonical_json(record.get("identity"))).hexdigest() != fingerprint:
+            if fingerprint_of(record.get("identity")) != fingerprint:
                 notes.append(f"{check.path.name}: identity does not hash to its fingerprint")
                 continue
             verdict = record.get("verdict", {})

@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from qualification.records import RecordStore
-from service.identity import fingerprint_of, resolve_identity
+from qualification.records import RecordStore, fingerprint_of
+from service.identity import resolve_identity
 from service.state import GatewayState
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from qualification.records import canonical_json
 from service import __version__
 from service.prompt import DEFAULT_INSTRUCTION, PROMPT_TEMPLATE
 
@@ -35,10 +34,6 @@ CHECKPOINT_FILES = (
     "vocab.json",
     "merges.txt",
 )
-
-
-def fingerprint_of(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(identity)).hexdigest()
 
 
 def _sha256_file(path: Path, chunk: int = 8 << 20) -> str:

@@ -109,6 +109,22 @@ class GatewayProcess:
             time.sleep(0.5)
         raise AssertionError(f"engine not ready after {timeout} s: {body}\n{self.log_tail()}")
 
+    def wait_ready(self, timeout: float = 300) -> dict[str, Any]:
+        """Until GET /ready answers 200 (engine loaded, healthy and qualified)."""
+        deadline = time.monotonic() + timeout
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert self.process is not None and self.process.poll() is None, self.log_tail()
+            try:
+                response = httpx.get(f"{self.url}/ready", timeout=5)
+                body = response.json()
+                if response.status_code == 200:
+                    return body
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"not ready after {timeout} s: {body}\n{self.log_tail()}")
+
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return

@@ -98,11 +98,7 @@ def main() -> int:
     results = []
     try:
         started = time.monotonic()
-        deadline = started + 900
-        while not _ready(gateway):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"gateway not ready:\n{gateway.log_tail()}")
-            time.sleep(1)
+        gateway.wait_ready(timeout=900)
         print(f"gateway ready and qualified in {time.monotonic() - started:.0f} s")
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         cases = [
@@ -123,14 +119,6 @@ def main() -> int:
         gateway.stop()
     args.out.write_text(json.dumps(results, indent=1, ensure_ascii=False))
     return 0
-
-
-def _ready(gateway: GatewayProcess) -> bool:
-    assert gateway.process is not None and gateway.process.poll() is None, gateway.log_tail()
-    try:
-        return httpx.get(f"{gateway.url}/ready", timeout=10).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

@@ -147,6 +147,8 @@ class VllmTranscriptionEngine:
 
     def count_prompt_tokens(self, num_samples: int, instruction: str) -> int:
         if instruction not in self._template_token_count:
+            if len(self._template_token_count) >= 256:  # custom instructions: keep the memo bounded
+                self._template_token_count.clear()
             ids = self.tokenizer.encode(build_prompt(instruction), add_special_tokens=False)
             placeholder = self.tokenizer.encode(AUDIO_PLACEHOLDER, add_special_tokens=False)
             self._template_token_count[instruction] = len(ids) - len(placeholder)

@@ -18,22 +18,6 @@ from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SEGMENTS
 EXPECTED_TEXT = " ".join(text for *_, text in FROZEN_CLIP_SEGMENTS)
 
 
-def wait_ready(gateway: GatewayProcess, timeout: float = 300) -> dict:
-    deadline = time.monotonic() + timeout
-    body: dict = {}
-    while time.monotonic() < deadline:
-        assert gateway.process is not None and gateway.process.poll() is None, gateway.log_tail()
-        try:
-            response = httpx.get(f"{gateway.url}/ready", timeout=5)
-            body = response.json()
-            if response.status_code == 200:
-                return body
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"not ready after {timeout} s: {body}\n{gateway.log_tail()}")
-
-
 @pytest.fixture(scope="module")
 def default_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     base = tmp_path_factory.mktemp("default-serve")
@@ -54,7 +38,7 @@ def transcribe(gateway: GatewayProcess) -> httpx.Response:
 
 
 def test_serve_qualifies_the_embedded_checkpoint_at_start(default_gateway: GatewayProcess) -> None:
-    ready = wait_ready(default_gateway)
+    ready = default_gateway.wait_ready()
     assert ready["qualified"] is True and ready["qualification_id"].startswith("q-")
     backend = httpx.get(f"{default_gateway.url}/v1/backend", timeout=10).json()
     assert backend["qualification"]["verdict"] == "identical"
@@ -69,7 +53,7 @@ def test_operator_clip_qualification_records_its_comparison(default_gateway: Gat
     import numpy as np
     import soundfile as sf
 
-    wait_ready(default_gateway)
+    default_gateway.wait_ready()
     samples, rate = sf.read(FROZEN_CLIP_PATH, dtype="float32")
     own_clip = tmp_path / "operator-20s.wav"
     sf.write(own_clip, np.concatenate([samples, samples[::-1]]), rate)
@@ -92,7 +76,7 @@ def test_operator_clip_qualification_records_its_comparison(default_gateway: Gat
 def test_engine_death_is_noticed_and_the_restarted_engine_is_requalified_by_identity(
     default_gateway: GatewayProcess,
 ) -> None:
-    before = wait_ready(default_gateway)
+    before = default_gateway.wait_ready()
     assert default_gateway.process is not None
     cores = [
         child for child in psutil.Process(default_gateway.process.pid).children(recursive=True)
@@ -110,7 +94,7 @@ def test_engine_death_is_noticed_and_the_restarted_engine_is_requalified_by_iden
         time.sleep(0.1)
     refused = transcribe(default_gateway)
     assert refused.status_code == 503
-    after = wait_ready(default_gateway)  # restarted, same identity, so the same record reopens the gate
+    after = default_gateway.wait_ready()  # restarted, same identity, so the same record reopens the gate
     assert after["fingerprint"] == before["fingerprint"]
     assert after["qualified"] is True
     assert transcribe(default_gateway).status_code == 200

@@ -9,7 +9,7 @@ from pathlib import Path
 from qualification.records import RecordStore, canonical_json
 
 IDENTITY = {"engine": {"dtype": "float32"}, "checkpoint": {"weights": {"m.safetensors": "abc"}}}
-FINGERPRINT = hashlib.sha256(canonical_json(IDENTITY)).hexdigest()
+FINGERPRINT = hashlib.sha256(canonical_json(IDENTITY)).hexdigest()  # spelled out: what fingerprint_of must give
 
 
 def record(result="identical", passed=True, batched=True, fingerprint=FINGERPRINT, qid="q-1", created="2026-11-30T00:00:00"):
@@ -75,3 +75,10 @@ def test_newest_passing_record_wins(tmp_path: Path) -> None:
     store.write(record(qid="q-old", created="2026-11-29T00:00:00"))
     store.write(record(qid="q-new", created="2026-11-30T00:00:00"))
     assert store.passing_for(FINGERPRINT, policy="explainable")[0]["qualification_id"] == "q-new"
+
+
+def test_fingerprint_is_the_sha256_of_the_canonical_identity() -> None:
+    from qualification.records import fingerprint_of
+
+    assert fingerprint_of(IDENTITY) == FINGERPRINT
+    assert fingerprint_of({**IDENTITY, "engine": {"dtype": "bfloat16"}}) != FINGERPRINT

@@ -83,20 +83,9 @@ class AccountingMixin:
             metrics.truncations.labels(track).inc()
             logger.warning("%s truncated: %s", job.request_id, "; ".join(outcome.truncation))
         line = {
-            "request_id": job.request_id,
-            "time": job.received_at,
-            "status": status,
-            "track": job.track,
-            "cut_plan_sha256": None if job.plan is None else job.plan.sha256,
+            **self._ledger_base(job, status),
             "cuts": None if job.plan is None else [cut.as_dict() for cut in job.plan.cuts],
             "chunks": outcome.extra.get("chunk_summaries"),
-            "fingerprint": self.state.gate.fingerprint,
-            "qualification_id": self.state.gate.qualification_id,
-            "audio_sha256": job.audio.sha256,
-            "audio_duration_s": round(job.audio.duration_s, 3),
-            "response_format": job.params.response_format.value,
-            "stream": job.params.stream,
-            "budget": job.budget.as_dict(),
             "stop": outcome.stop.as_dict(),
             "coverage": outcome.coverage.as_dict(),
             "truncated": outcome.truncated,
@@ -138,23 +127,27 @@ class AccountingMixin:
         }
         write_json_atomic(evidence_path(self.state, job.request_id), bundle)
 
-    def account_abort(self, job: PreparedJob, final: GenerationUpdate | None) -> None:
-        """A client that went away: counted as an `aborted` stop, and in the ledger."""
-        self.state.metrics.stops.labels(job.track, "aborted").inc()
-        line = {
+    def _ledger_base(self, job: PreparedJob, status: int) -> dict[str, Any]:
+        """What every ledger line says about the request, whatever its end."""
+        return {
             "request_id": job.request_id,
             "time": job.received_at,
-            "status": 499,
+            "status": status,
             "track": job.track,
             "cut_plan_sha256": None if job.plan is None else job.plan.sha256,
             "fingerprint": self.state.gate.fingerprint,
+            "qualification_id": self.state.gate.qualification_id,
             "audio_sha256": job.audio.sha256,
             "audio_duration_s": round(job.audio.duration_s, 3),
             "response_format": job.params.response_format.value,
             "stream": job.params.stream,
             "budget": job.budget.as_dict(),
-            "stop": {"stop": "aborted", "finish_reason": "abort"},
         }
+
+    def account_abort(self, job: PreparedJob, final: GenerationUpdate | None) -> None:
+        """A client that went away: counted as an `aborted` stop, and in the ledger."""
+        self.state.metrics.stops.labels(job.track, "aborted").inc()
+        line = {**self._ledger_base(job, 499), "stop": {"stop": "aborted", "finish_reason": "abort"}}
         try:
             self.state.request_ledger.append(line)
         except OSError:
