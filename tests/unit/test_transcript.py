@@ -8,7 +8,15 @@ import time
 
 import pytest
 
-from service.transcript import ParsedTranscript, Segment, parse_transcript
+from service.transcript import (
+    ParsedTranscript,
+    Segment,
+    TextDelta,
+    TranscriptParser,
+    join_text,
+    parse_transcript,
+    separator,
+)
 
 CLEAN = "[0.48][S01]Welcome everyone[1.66][12.26][S02]The pipeline is ready[13.81]"
 
@@ -44,7 +52,7 @@ def test_cut_inside_a_timestamp_tag() -> None:
     assert parsed.ends_inside_tag
     assert parsed.incomplete_tail == "[5.0][S02]你们的这个[12"
     assert parsed.tail_text == "你们的这个"
-    assert parsed.text == "大家好 你们的这个"
+    assert parsed.text == "大家好你们的这个"  # CJK pieces join without a space
 
 
 @pytest.mark.parametrize("cut", ["[3.5][S0", "[3.5][S", "[3.5][", "[3.", "[", "[ 3.5 ][ S0"])
@@ -171,3 +179,57 @@ def test_long_pathological_input_is_fast() -> None:
     raw = "[" + "1" * 100_000 + "[S01" + " " * 100_000 + "[0." + "5" * 100_000
     parsed = parse_transcript(raw * 3)
     assert parsed.segments == ()
+
+
+# -- the incremental parser: the stream and the final answer are one parse ----------
+
+
+def _feed_in_pieces(raw: str, rng: random.Random) -> tuple[ParsedTranscript, list[TextDelta], list[Segment]]:
+    parser = TranscriptParser()
+    deltas: list[TextDelta] = []
+    segments: list[Segment] = []
+    cursor = 0
+    while cursor < len(raw):
+        step = rng.randint(1, 6)
+        new_deltas, closed = parser.feed(raw[cursor : cursor + step])
+        deltas += new_deltas
+        segments += closed
+        cursor += step
+    final = parser.finish()
+    new_deltas, closed = parser.take_final()
+    return final, deltas + new_deltas, segments + closed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_parse_equals_one_shot_parse(seed: int) -> None:
+    rng = random.Random(seed)
+    samples = [CLEAN, "[0][S01]今天我们讨论模型。[3][4][S02]好的，[S 03] 不对[5]", "  plain text  ", "[0.5][S01]cut in[1"]
+    samples += ["".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 40))) for _ in range(400)]
+    for raw in samples:
+        whole = parse_transcript(raw)
+        final, deltas, segments = _feed_in_pieces(raw, rng)
+        assert final == whole, raw
+        assert "".join(d.text for d in deltas) == whole.text, raw
+        assert tuple(segments) == whole.segments, raw
+
+
+def test_deltas_carry_their_segment_and_stream_before_the_segment_closes() -> None:
+    parser = TranscriptParser()
+    deltas, closed = parser.feed("[0.48][S01]Welcome every")
+    assert deltas == [TextDelta("Welcome every", 0)] and closed == []
+    deltas, closed = parser.feed("one [1.66][2.0][S02]Next")
+    assert [d.text for d in deltas] == ["one", " Next"] and [d.segment for d in deltas] == [0, 1]
+    assert closed == [Segment(0, 0.48, 1.66, "S01", "Welcome everyone")]
+
+
+def test_text_joins_by_script() -> None:
+    assert parse_transcript("[0][S01]你好[1][1][S02]世界[2][2][S01]ok then[3]").text == "你好世界ok then"
+    assert join_text(["Hello", "world", "你好", "。"]) == "Hello world你好。"
+    assert separator("a ", "b") == "" and separator("a", "b") == " "
+
+
+def test_stray_text_before_segments_is_not_streamed_as_text() -> None:
+    parser = TranscriptParser()
+    deltas, _ = parser.feed("Sure, here it is: [0][S01]hi[1]")
+    final = parser.finish()
+    assert "".join(d.text for d in deltas + parser.take_final()[0]) == final.text == "hi"
