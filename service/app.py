@@ -22,12 +22,14 @@ from service.access import ApiKeyMiddleware
 from service.admission import AdmissionController
 from service.api import admin, system
 from service.api.transcriptions import router as transcriptions
+from service.api.transcriptions.serving import build_serving
 from service.engine.protocol import TranscriptionEngine
 from service.errors import install_error_handlers
 from service.ledger import JsonLinesLedger
 from service.metrics import GatewayMetrics
 from service.settings import GatewaySettings
 from service.state import EngineStatus, GatewayState
+from service.transcription.pipeline import build_pipeline
 from service.upload_limit import UploadLimitMiddleware
 
 logger = logging.getLogger(__name__)
@@ -194,13 +196,16 @@ def create_app(
         description="OpenAI-compatible transcription on a qualified, pinned vLLM engine.",
     )
     metrics = GatewayMetrics()
-    app.state.gateway = GatewayState(
+    state = GatewayState(
         settings=settings,
         model_name=model_name(settings),
         metrics=metrics,
         request_ledger=JsonLinesLedger(settings.state_dir / "ledger" / "requests.jsonl"),
         admission=admission_controller(settings, metrics),
     )
+    app.state.gateway = state
+    # Handlers are built once here, with their collaborators, and read from app.state by the routes.
+    app.state.transcription = build_serving(state, build_pipeline(state))
     install_error_handlers(app)
     app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
     access = settings.access

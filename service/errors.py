@@ -40,6 +40,8 @@ class ErrorCode(str, enum.Enum):
     STREAM_NOT_SUPPORTED = "stream_not_supported_for_format"
     INVALID_BUDGET = "invalid_max_completion_tokens"
     MODEL_NOT_FOUND = "model_not_found"
+    UNSUPPORTED_PARAMETER = "unsupported_parameter"
+    UNSUPPORTED_TASK = "unsupported_task"
     NOT_FOUND = "not_found"
     # Access and load.
     UNAUTHORIZED = "unauthorized"
@@ -76,6 +78,8 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.STREAM_NOT_SUPPORTED: ErrorSpec(400, _INVALID),
     ErrorCode.INVALID_BUDGET: ErrorSpec(400, _INVALID),
     ErrorCode.MODEL_NOT_FOUND: ErrorSpec(404, _INVALID),
+    ErrorCode.UNSUPPORTED_PARAMETER: ErrorSpec(400, _INVALID),
+    ErrorCode.UNSUPPORTED_TASK: ErrorSpec(400, _INVALID),
     ErrorCode.NOT_FOUND: ErrorSpec(404, _INVALID),
     ErrorCode.UNAUTHORIZED: ErrorSpec(401, "authentication_error"),
     ErrorCode.RATE_LIMITED: ErrorSpec(429, "rate_limit_error"),
@@ -141,6 +145,10 @@ class GatewayError(Exception):
                 "code": self.code.value,
             }
         }
+
+    def sse_event(self) -> dict[str, Any]:
+        """The same error as a stream's last event (a stream has already answered 200)."""
+        return {"type": "error", **self.body()}
 
 
 def error_response(error: GatewayError) -> JSONResponse:

@@ -8,6 +8,7 @@ a model that chose to stop from a cap that stopped it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from service.transcript import ParsedTranscript
@@ -136,3 +137,8 @@ def truncation_reasons(stop: StopRecord, coverage: Coverage, *, margin_s: float)
     if coverage.ends_inside_tag:
         reasons.append("text ends inside an unfinished tag")
     return reasons
+
+
+def evidence_bundle_path(state_dir: Path, request_id: str) -> Path:
+    """Where a request's full evidence bundle is kept (written by the accountant, read by the admin route)."""
+    return state_dir / "evidence" / f"{request_id}.json"

@@ -72,3 +72,12 @@ def _vtt_escape(text: str) -> str:
     for raw, escaped in _VTT_ESCAPES:
         text = text.replace(raw, escaped)
     return text
+
+
+def render_rttm(segments: Sequence[Segment], *, file_id: str) -> str:
+    """NIST RTTM speaker turns, one `SPEAKER` line per segment (start and duration in seconds)."""
+    lines = [
+        f"SPEAKER {file_id} 1 {max(0.0, s.start):.3f} {max(0.0, s.end - s.start):.3f} <NA> <NA> {s.speaker or 'unknown'} <NA> <NA>"
+        for s in segments
+    ]
+    return "".join(line + "\n" for line in lines)

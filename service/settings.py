@@ -65,6 +65,10 @@ class LimitsSettings(BaseModel):
     queue_timeout_s: float = Field(300.0, gt=0, description="Longest wait for a slot before 429.")
     request_timeout_s: float = Field(7200.0, gt=0, description="Longest a transcription may run before it is aborted.")
     retry_after_s: int = Field(5, gt=0, description="Retry-After sent with 429 and 503.")
+    sse_keepalive_s: float = Field(15.0, gt=0, description="A quiet stream sends an SSE comment this often (proxies keep it open).")
+    sse_send_timeout_s: float = Field(
+        30.0, gt=0, description="A stream whose reader takes no event for this long is dropped (ledger status 499)."
+    )
 
 
 class LifecycleSettings(BaseModel):

@@ -27,6 +27,17 @@ class EngineStatus(str, enum.Enum):
     STOPPING = "stopping"
 
 
+@dataclass(frozen=True)
+class BackendTag:
+    """Which backend produced an answer: on every response, event and ledger line."""
+
+    fingerprint: str | None
+    qualification_id: str | None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"fingerprint": self.fingerprint, "qualification_id": self.qualification_id}
+
+
 @dataclass
 class GateStatus:
     """Whether transcription is allowed, and why (filled by the qualification gate)."""
@@ -37,6 +48,9 @@ class GateStatus:
     qualification_id: str | None = None
     verdict: str | None = None
     progress: str | None = None
+
+    def tag(self) -> BackendTag:
+        return BackendTag(self.fingerprint, self.qualification_id)
 
 
 @dataclass

@@ -22,8 +22,8 @@ import re
 import unicodedata
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from itertools import islice
-from dataclasses import dataclass
 from typing import Literal
 
 # A complete tag: a timestamp (integer or decimal seconds) or a speaker (S01).
@@ -45,6 +45,8 @@ class Segment:
     end: float
     speaker: str
     text: str
+    #: Where the segment lies in the raw output (character offsets), to find its tokens.
+    span: tuple[int, int] = field(default=(0, 0), compare=False)
 
 
 @dataclass(frozen=True)
@@ -315,7 +317,7 @@ class TranscriptParser:
         if self.speaker is not None and self.start is not None:  # speaker tag inside an open segment
             if self._body():
                 boundary = self.start
-                self._close(boundary, f"no timestamp before speaker {token.speaker}, end set to start")
+                self._close(boundary, f"no timestamp before speaker {token.speaker}, end set to start", token.pos)
                 self._open(boundary, token)
             else:
                 self.anomalies.append(f"speaker {self.speaker} with no text replaced by {token.speaker}")
@@ -337,12 +339,12 @@ class TranscriptParser:
         has_text = bool(self._body())
         if next_kind == "spk":  # this stamp opens the next header, so the open segment lost its end
             if has_text:
-                self._close(token.time, f"no end timestamp, end set to next start {token.time:.2f}")
+                self._close(token.time, f"no end timestamp, end set to next start {token.time:.2f}", token.pos)
             else:
                 self._drop_empty()
             self.start, self.start_pos = token.time, token.pos
         elif has_text:
-            self._close(token.time, None)
+            self._close(token.time, None, token.pos + len(token.raw))
         else:
             self._drop_empty()
 
@@ -353,7 +355,7 @@ class TranscriptParser:
     def _body(self) -> str:
         return "".join(self.body).strip()
 
-    def _close(self, end: float, note: str | None) -> None:
+    def _close(self, end: float, note: str | None, until: int) -> None:
         start = self.start if self.start is not None else 0.0
         number = len(self.segments)
         if note:
@@ -362,7 +364,7 @@ class TranscriptParser:
             self.anomalies.append(f"segment {number}: end {end:.2f} before start {start:.2f}, end set to start")
             end = start
         self._send_body("".join(self.body), closing=True)
-        segment = Segment(number, start, end, self.speaker or "", self._body())
+        segment = Segment(number, start, end, self.speaker or "", self._body(), (self.start_pos, until))
         self.segments.append(segment)
         self._closed.append(segment)
         self.start, self.speaker, self.body = None, None, []

@@ -9,8 +9,9 @@ follows vLLM's conventions, so the gateway's stop classification runs for real.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,20 @@ class FakeEngine:
     def token_text(self, token_id: int) -> str:
         return "<eos>" if token_id == EOS else chr(token_id)
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        return [b"" if t == EOS else chr(t).encode() for t in token_ids]
+
+    async def attention_backends(self) -> list[str]:
+        return ["FAKE"]
+
+    @staticmethod
+    def step_logprobs(token: int, top: int) -> dict[int, float]:
+        """Scripted log-probabilities: the sampled token at ln 0.9 and the end token at ln 0.05 (the top-k)."""
+        step = {token: math.log(0.9)}
+        if top > 0 and token != EOS:
+            step[EOS] = math.log(0.05)
+        return step
+
     def num_running_requests(self) -> int:
         return len(self.running)
 
@@ -87,6 +102,7 @@ class FakeEngine:
         produced = tokens[:room] + ([EOS] if natural_end else [])
         timings = EngineTimings(submitted=time.monotonic())
         all_ids: list[int] = []
+        all_logprobs: list[dict[int, float]] = []
         finished = False
         try:
             for index, token in enumerate(produced):
@@ -97,6 +113,8 @@ class FakeEngine:
                 if timings.first_token is None:
                     timings.first_token = time.monotonic()
                 all_ids.append(token)
+                step = None if request.want_logprobs is None else [self.step_logprobs(token, request.want_logprobs)]
+                all_logprobs += step or []
                 self.tokens_generated += 1
                 last = index == len(produced) - 1
                 update = GenerationUpdate(
@@ -105,6 +123,7 @@ class FakeEngine:
                     num_generated=len(all_ids),
                     prompt_token_count=prompt,
                     finished=last,
+                    logprobs=step,
                 )
                 if last:
                     finished = True
@@ -112,6 +131,7 @@ class FakeEngine:
                     update.finish_reason = "stop" if natural_end else "length"
                     update.stop_reason = None
                     update.all_token_ids = list(all_ids)
+                    update.all_logprobs = None if request.want_logprobs is None else list(all_logprobs)
                     update.text = self.decode(all_ids)
                     update.timings = timings
                 yield update

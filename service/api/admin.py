@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, File, Request, UploadFile
 from fastapi.responses import JSONResponse
 
 from service.errors import ErrorCode, GatewayError
+from service.evidence import evidence_bundle_path
 from service.gate import record_store, run_qualification
 from service.state import GatewayState
 
@@ -146,9 +147,7 @@ _REQUEST_ID = re.compile(r"^trsc-[0-9a-f]{32}$")
 @router.get("/admin/evidence/{request_id}")
 async def get_evidence(request: Request, request_id: str, _: Admin) -> JSONResponse:
     """The full evidence bundle of one request (kept when capture was on)."""
-    from service.api.transcriptions.accounting import evidence_path
-
-    path = evidence_path(_state(request), request_id)
+    path = evidence_bundle_path(_state(request).settings.state_dir, request_id)
     if not _REQUEST_ID.match(request_id) or not path.is_file():
         raise GatewayError(ErrorCode.NOT_FOUND, f"No evidence bundle for request '{request_id}'.")
     return JSONResponse(json.loads(await asyncio.to_thread(path.read_text, encoding="utf-8")))

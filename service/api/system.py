@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from service.errors import ErrorCode, GatewayError, documented_errors
 from service.state import EngineStatus, GatewayState
 
 router = APIRouter()
@@ -49,13 +50,26 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if not reasons else 503)
 
 
+def _model_card(state: GatewayState) -> dict[str, object]:
+    """OpenAI's `Model` object for the one model served here."""
+    return {"id": state.model_name, "object": "model", "created": _CREATED, "owned_by": "moss-gateway"}
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> dict[str, object]:
+    return {"object": "list", "data": [_model_card(_state(request))]}
+
+
+@router.get("/v1/models/{model_id:path}", responses=documented_errors(ErrorCode.MODEL_NOT_FOUND))
+async def model(request: Request, model_id: str) -> dict[str, object]:
     state = _state(request)
-    return {
-        "object": "list",
-        "data": [{"id": state.model_name, "object": "model", "created": _CREATED, "owned_by": "moss-gateway"}],
-    }
+    if model_id != state.model_name:
+        raise GatewayError(
+            ErrorCode.MODEL_NOT_FOUND,
+            f"The model '{model_id}' is not served here; GET /v1/models lists '{state.model_name}'.",
+            param="model",
+        )
+    return _model_card(state)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -8,8 +8,9 @@ implement `TranscriptionEngine`; nothing else in the gateway knows about vLLM.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -28,6 +29,7 @@ class GenerationRequest:
     max_tokens: int
     temperature: float = 0.0
     ignore_eos: bool = False
+    #: None: no log-probabilities; k: the sampled token's and the top-k of every step.
     want_logprobs: int | None = None
     #: False: the engine reports only the final output (no per-token updates to the gateway's event
     #: loop, which costs throughput at high concurrency); True for streams, progress and evidence.
@@ -75,19 +77,31 @@ class GenerationUpdate:
     all_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     timings: EngineTimings | None = None
+    #: Per new token: log-probabilities by token ID (the sampled one and the top-k asked for).
     logprobs: list[dict[int, float]] | None = None
+    #: On the last update, when log-probabilities were asked for: those of every generated token.
+    all_logprobs: list[dict[int, float]] | None = None
 
 
 class EngineDeadError(RuntimeError):
     """The engine cannot serve anymore (its process died or it raised)."""
 
 
-class TranscriptionEngine(Protocol):
-    """What the gateway needs from an engine."""
+class EngineInfo(Protocol):
+    """Facts about a started engine that budgets, stop evidence and the gate read."""
 
     sample_rate: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    #: Decoder KV-cache bytes per token in BF16 (budgets report the memory a request holds).
+    kv_bytes_per_token_bf16: int
+    load_time_s: float | None
+    #: The checkpoint directory the engine serves (hashed into the backend identity).
+    model_dir: Path
+
+
+class TranscriptionEngine(EngineInfo, Protocol):
+    """What the gateway needs from an engine."""
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationUpdate]:
         """Stream updates; closing the iterator early aborts the request."""
@@ -106,6 +120,14 @@ class TranscriptionEngine(Protocol):
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str: ...
 
     def token_text(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """The bytes each generated token adds to the text (b"" for special tokens)."""
+        ...
+
+    async def attention_backends(self) -> list[str]:
+        """The attention backends the engine's workers selected (part of the backend identity)."""
+        ...
 
     def num_running_requests(self) -> int: ...
 

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class VllmTranscriptionEngine:
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()
         self.kv_bytes_per_token_bf16 = kv_bytes_per_token_bf16(model_dir)
+        self._special_ids: frozenset[int] = frozenset()
         self.load_time_s: float | None = None
 
     # -- start and stop -------------------------------------------------
@@ -128,6 +129,7 @@ class VllmTranscriptionEngine:
         self._engine = AsyncLLMEngine.from_engine_args(self.engine_args())
         self.max_model_len = int(self._engine.model_config.max_model_len)
         self.eos_token_ids = checkpoint_eos_token_ids(self.model_dir, self._processor.tokenizer)
+        self._special_ids = frozenset(int(t) for t in self._processor.tokenizer.all_special_ids)
         self.load_time_s = time.monotonic() - started
         logger.info("engine ready in %.1f s (max_model_len=%d)", self.load_time_s, self.max_model_len)
 
@@ -167,6 +169,12 @@ class VllmTranscriptionEngine:
     def token_text(self, token_id: int) -> str:
         return str(self.tokenizer.convert_ids_to_tokens(int(token_id)))
 
+    def token_bytes(self, token_ids: Sequence[int]) -> list[bytes]:
+        """Each token's bytes: byte-level BPE pieces mapped back to bytes; special tokens add nothing."""
+        special = self._special_ids
+        pieces = self.tokenizer.convert_ids_to_tokens([int(t) for t in token_ids])
+        return [b"" if token in special else _piece_bytes(piece) for token, piece in zip(token_ids, pieces, strict=True)]
+
     def num_running_requests(self) -> int:
         return 0 if self._engine is None else int(self._engine.get_num_unfinished_requests())
 
@@ -202,6 +210,7 @@ class VllmTranscriptionEngine:
         }
         timings = EngineTimings(submitted=time.monotonic())
         all_ids: list[int] = []
+        all_logprobs: list[dict[int, float]] = []
         text_parts: list[str] = []
         finished = False
         try:
@@ -213,13 +222,16 @@ class VllmTranscriptionEngine:
                 all_ids.extend(new_ids)
                 text_parts.append(completion.text)
                 finished = bool(output.finished)
+                step_logprobs = _logprob_dicts(completion.logprobs)
+                if step_logprobs is not None:
+                    all_logprobs.extend(step_logprobs)
                 update = GenerationUpdate(
                     text_delta=completion.text,
                     token_ids_delta=new_ids,
                     num_generated=len(all_ids),
                     prompt_token_count=len(output.prompt_token_ids or ()),
                     finished=finished,
-                    logprobs=_logprob_dicts(completion.logprobs),
+                    logprobs=step_logprobs,
                 )
                 if finished:
                     timings.finished = time.monotonic()
@@ -232,6 +244,7 @@ class VllmTranscriptionEngine:
                     update.finish_reason = completion.finish_reason  # type: ignore[assignment]
                     update.stop_reason = completion.stop_reason
                     update.all_token_ids = all_ids
+                    update.all_logprobs = all_logprobs if request.want_logprobs is not None else None
                     update.text = "".join(text_parts)
                     update.timings = timings
                 yield update
@@ -298,3 +311,26 @@ def _logprob_dicts(logprobs: Any) -> list[dict[int, float]] | None:
     if not logprobs:
         return None
     return [{int(token_id): float(entry.logprob) for token_id, entry in step.items()} for step in logprobs]
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's, used by Qwen): printable bytes stand for themselves,
+    the others are shifted to code points from 256 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet = {chr(byte): byte for byte in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in printable:
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _piece_bytes(piece: str) -> bytes:
+    """A byte-level piece's bytes; a piece outside that alphabet (an added token) is its UTF-8 text."""
+    if all(char in _BYTE_LEVEL for char in piece):
+        return bytes(_BYTE_LEVEL[char] for char in piece)
+    return piece.encode("utf-8")

@@ -23,13 +23,17 @@ def speech_with_pauses(duration_s: float = 30.0, rate: int = 16_000) -> bytes:
     return buffer.getvalue()
 
 
+#: OpenAI's server_vad object: asks for the chunked track explicitly (`auto` lets the server decide).
+SERVER_VAD = '{"type": "server_vad"}'
+
+
 def transcribe(client, data: bytes, **fields):
     return client.post("/v1/audio/transcriptions", files={"file": ("long.wav", data, "audio/wav")}, data=fields)
 
 
 def test_chunked_request_reports_cuts_chunks_and_track(fake_client: AppFactory, tmp_path) -> None:
     client, engine = fake_client(longform=LONGFORM)
-    response = transcribe(client, speech_with_pauses(), chunking_strategy="auto", response_format="verbose_json")
+    response = transcribe(client, speech_with_pauses(), chunking_strategy=SERVER_VAD, response_format="verbose_json")
     assert response.status_code == 200, response.text
     body = response.json()
     evidence = body["moss"]
@@ -44,7 +48,8 @@ def test_chunked_request_reports_cuts_chunks_and_track(fake_client: AppFactory, 
     starts = [s["start"] for s in body["segments"]]
     assert starts == sorted(starts) and starts[-1] > 18.0  # offsets applied
     assert evidence["speakers"]["mapping"]  # chunk-local -> global labels kept in the evidence
-    assert body["usage"]["output_tokens"] == sum(c["stop"]["generated_tokens"] for c in evidence["chunks"])
+    assert body["usage"] == {"type": "duration", "seconds": 30.0}  # OpenAI's verbose usage kind
+    assert evidence["tokens"]["generated"] == sum(c["stop"]["generated_tokens"] for c in evidence["chunks"])
     line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
     assert line["track"] == "chunked" and line["cut_plan_sha256"] == plan["sha256"]
     assert len(line["chunks"]) == 3
@@ -55,8 +60,8 @@ def test_chunked_request_reports_cuts_chunks_and_track(fake_client: AppFactory, 
 def test_the_same_audio_gives_the_same_frozen_cuts(fake_client: AppFactory) -> None:
     client, _ = fake_client(longform=LONGFORM)
     data = speech_with_pauses()
-    first = transcribe(client, data, chunking_strategy="auto", response_format="diarized_json").json()
-    second = transcribe(client, data, chunking_strategy="auto", response_format="diarized_json").json()
+    first = transcribe(client, data, chunking_strategy=SERVER_VAD, response_format="diarized_json").json()
+    second = transcribe(client, data, chunking_strategy=SERVER_VAD, response_format="diarized_json").json()
     assert first["moss"]["cut_plan"] == second["moss"]["cut_plan"]
 
 
@@ -79,12 +84,22 @@ def test_over_the_native_limit_asks_for_chunking(fake_client: AppFactory) -> Non
     error = refused.json()["error"]
     assert error["code"] == "audio_too_long" and "chunking_strategy" in error["message"]
     assert engine.requests == []
-    assert transcribe(client, speech_with_pauses(), chunking_strategy="auto").status_code == 200
+    auto = transcribe(client, speech_with_pauses(), chunking_strategy="auto")
+    assert auto.status_code == 200 and auto.headers["x-moss-track"] == "chunked"  # auto: too long for one pass
+
+
+def test_auto_runs_one_native_pass_when_the_audio_fits(fake_client: AppFactory, tmp_path) -> None:
+    client, engine = fake_client(longform=LONGFORM)
+    response = transcribe(client, speech_with_pauses(), chunking_strategy="auto", response_format="diarized_json")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-moss-track"] == "native" and len(engine.requests) == 1
+    line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
+    assert line["track"] == "native" and line["track_requested"] == "auto"
 
 
 def test_chunked_over_its_own_limit(fake_client: AppFactory) -> None:
     client, _ = fake_client(longform={**LONGFORM, "max_duration_s": 25.0})
-    refused = transcribe(client, speech_with_pauses(), chunking_strategy="auto")
+    refused = transcribe(client, speech_with_pauses(), chunking_strategy=SERVER_VAD)
     assert refused.status_code == 400 and "longform.max_duration_s" in refused.json()["error"]["message"]
 
 
@@ -96,16 +111,28 @@ def test_invalid_chunking_strategy_is_a_400(fake_client: AppFactory) -> None:
         assert response.json()["error"]["param"] == "chunking_strategy"
 
 
-def test_chunked_stream_ends_with_segments_and_done(fake_client: AppFactory) -> None:
+def test_chunked_stream_sends_settled_segments_and_progress_in_audio_time(fake_client: AppFactory) -> None:
     client, _ = fake_client(longform=LONGFORM)
     with client.stream(
         "POST", "/v1/audio/transcriptions", files={"file": ("long.wav", speech_with_pauses(), "audio/wav")},
-        data={"chunking_strategy": "auto", "stream": "true"},
+        data={"chunking_strategy": SERVER_VAD, "stream": "true", "response_format": "diarized_json"},
     ) as response:
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert events[0]["type"] == "moss.progress" and events[0]["chunks"] == 3
-    assert events[-1]["type"] == "transcript.text.done"
-    assert events[-1]["moss"]["track"] == "chunked"
-    assert sum(e["type"] == "transcript.text.segment" for e in events) == len(
-        [s for c in events[-1]["moss"]["chunks"] for s in c["local_segments"]]
-    ) - len(events[-1]["moss"]["stitching"].get("dropped", []))
+    done = events[-1]
+    assert done["type"] == "transcript.text.done" and done["moss"]["track"] == "chunked"
+    final = client_final_segments(client)
+    streamed = [{k: e[k] for k in ("id", "start", "end", "speaker", "text")} for e in events if e["type"] == "transcript.text.segment"]
+    assert streamed == final  # exactly the final segments, in order
+    deltas = [e for e in events if e["type"] == "transcript.text.delta"]
+    assert "".join(e["delta"] for e in deltas) == done["text"]
+    assert {e["segment_id"] for e in deltas} == {s["id"] for s in final}
+    progress = [e for e in events if e["type"] == "moss.progress"]
+    assert len(progress) == 3  # one per finished chunk
+    covered = [e["covered_s"] for e in progress]
+    assert covered == sorted(covered) and all(e["duration_s"] == 30.0 for e in progress)
+    assert covered[-1] == final[-1]["end"]
+
+
+def client_final_segments(client) -> list[dict]:
+    body = transcribe(client, speech_with_pauses(), chunking_strategy=SERVER_VAD, response_format="diarized_json").json()
+    return [{k: s[k] for k in ("id", "start", "end", "speaker", "text")} for s in body["segments"]]

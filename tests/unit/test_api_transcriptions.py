@@ -145,7 +145,9 @@ def test_stream_sends_deltas_segments_and_done(fake_client: AppFactory) -> None:
     kinds = [event["type"] for event in events]
     assert kinds.count("transcript.text.segment") == 2
     assert kinds[-1] == "transcript.text.done"
-    assert "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta") == SCRIPT
+    deltas = [e for e in events if e["type"] == "transcript.text.delta"]
+    assert "".join(e["delta"] for e in deltas) == events[-1]["text"]  # clean text: no tags in the deltas
+    assert {e["segment_id"] for e in deltas} == {"seg_0", "seg_1"}
     done = events[-1]
     assert done["text"] == "Good morning everyone. The pipeline is ready."
     assert done["moss"]["stop"]["stop"] == "eos"

@@ -1,54 +1,27 @@
-"""Wire models of the transcription endpoint (OpenAI's shapes plus our evidence)."""
+"""The transcription endpoint's form: every field parsed and bounded into `TranscriptionParams`.
+
+The form is read by the route itself (after the request holds its admission
+slot), so every field is checked here, with the error table's messages, and
+the pipeline only ever sees validated parameters.
+"""
 
 from __future__ import annotations
 
-import enum
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from starlette.datastructures import FormData, UploadFile
 
 from service.errors import ErrorCode, GatewayError
 from service.longform import ChunkingPolicy, from_request
+from service.prompt import parse_hotwords
+from service.transcription.params import ResponseFormat, TrackChoice, TranscriptionParams
 
 #: Upper bound on any output budget a client may ask for (the engine context caps it further).
 ABSURD_BUDGET = 1_000_000
 #: Longest custom instruction and hotword list accepted (the prompt must stay small next to the audio).
 MAX_INSTRUCTION_CHARS = 4000
 MAX_HOTWORDS = 200
-
-
-class ResponseFormat(str, enum.Enum):
-    JSON = "json"
-    TEXT = "text"
-    VERBOSE_JSON = "verbose_json"
-    SRT = "srt"
-    VTT = "vtt"
-    DIARIZED_JSON = "diarized_json"
-
-    @property
-    def can_stream(self) -> bool:
-        """Server-sent events carry JSON events; subtitle files only make sense whole."""
-        return self in (ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON, ResponseFormat.VERBOSE_JSON)
-
-
-@dataclass(frozen=True)
-class TranscriptionParams:
-    """Validated form fields of one request."""
-
-    model: str | None
-    instruction_override: str | None
-    hotwords: tuple[str, ...]
-    language: str | None
-    response_format: ResponseFormat
-    temperature: float
-    timestamp_granularities: tuple[str, ...]
-    stream: bool
-    max_completion_tokens: int | None
-    budget_field: str = "max_completion_tokens"
-    ignore_eos: bool = False  # admin-only: forces the full budget (benchmarks, tests)
-    capture_evidence: bool = False  # admin-only: keep the full evidence bundle of this request
-    chunking: ChunkingPolicy | None = None  # the chunked track when set; the native track otherwise
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_response_format(raw: str | None) -> ResponseFormat:
@@ -150,8 +123,11 @@ def parse_granularities(raw: list[str]) -> tuple[str, ...]:
     return values
 
 
-def parse_chunking_strategy(form: Any, defaults: ChunkingPolicy) -> ChunkingPolicy | None:
-    """OpenAI's `chunking_strategy`: "auto", a JSON object, or the SDK's `chunking_strategy[key]` fields."""
+def parse_chunking_strategy(form: FormData, defaults: ChunkingPolicy) -> TrackChoice:
+    """OpenAI's `chunking_strategy`: unset (native), "auto" (the server decides), or a server_vad object (chunks).
+
+    The object comes as JSON text or as the SDK's `chunking_strategy[key]` fields.
+    """
     raw: Any = form.get("chunking_strategy")
     nested = {
         key[len("chunking_strategy[") : -1]: value
@@ -160,12 +136,16 @@ def parse_chunking_strategy(form: Any, defaults: ChunkingPolicy) -> ChunkingPoli
     }
     if nested:
         raw = {key: _number(value) for key, value in nested.items()}
-    if isinstance(raw, str) and raw.strip() == "":
-        raw = None
+    if raw is None or isinstance(raw, str) and raw.strip() == "":
+        return TrackChoice("native", defaults)
+    if isinstance(raw, str) and raw.strip() == "auto":
+        return TrackChoice("auto", defaults)
     try:
-        return from_request(raw, defaults=defaults)
+        policy = from_request(raw, defaults=defaults)
     except ValueError as exc:
         raise GatewayError(ErrorCode.INVALID_REQUEST, f"Invalid chunking_strategy: {exc}", param="chunking_strategy") from None
+    assert policy is not None  # from_request maps only an absent strategy to None
+    return TrackChoice("chunked", policy)
 
 
 def _number(value: Any) -> Any:
@@ -193,3 +173,101 @@ def check_instruction(prompt: str | None, hotwords: list[str]) -> None:
             f"hotwords: at most {MAX_HOTWORDS} words and {MAX_INSTRUCTION_CHARS} characters are accepted.",
             param="hotwords",
         )
+
+
+#: Bounds on the multipart form, applied while it is read.
+MAX_FORM_FIELDS = 64
+MAX_FIELD_BYTES = 64 * 1024
+INCLUDABLE = ("logprobs",)
+
+
+def text_field(form: FormData, name: str) -> str | None:
+    """A text field, or None; a file sent where text belongs is refused."""
+    value = form.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise GatewayError(ErrorCode.INVALID_REQUEST, f"'{name}' must be a text field, not a file.", param=name)
+
+
+def list_field(form: FormData, name: str) -> list[str]:
+    """OpenAI's array fields arrive as `name[]` (the SDK) or repeated `name`."""
+    values = form.getlist(f"{name}[]") + form.getlist(name)
+    if any(not isinstance(value, str) for value in values):
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"'{name}[]' must be text fields.", param=f"{name}[]")
+    return [str(value).strip() for value in values if str(value).strip()]
+
+
+def upload_field(form: FormData) -> UploadFile:
+    files = [value for value in form.getlist("file") if not isinstance(value, str)]
+    if not files:
+        raise GatewayError(
+            ErrorCode.MISSING_FILE, "No audio file was uploaded: send it as the multipart form field 'file'.", param="file"
+        )
+    if len(form.getlist("file")) > 1:
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "Send exactly one 'file' part; this request has several.", param="file")
+    return files[0]  # type: ignore[return-value]
+
+
+def parse_include(values: list[str]) -> bool:
+    """`include[]`: only `logprobs` exists for transcriptions; returns whether it was asked for."""
+    unknown = [value for value in values if value not in INCLUDABLE]
+    if unknown:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST, f"include[]: unknown value(s) {unknown}; supported: logprobs.", param="include[]"
+        )
+    return "logprobs" in values
+
+
+def refuse_known_speakers(form: FormData) -> None:
+    """OpenAI's speaker references steer a model that embeds voices; MOSS cannot use them, so say so."""
+    for name in ("known_speaker_names", "known_speaker_references"):
+        if form.getlist(f"{name}[]") or form.getlist(name):
+            raise GatewayError(
+                ErrorCode.UNSUPPORTED_PARAMETER,
+                f"{name}[] is not supported: MOSS-Transcribe-Diarize labels speakers S01, S02... by itself and "
+                f"cannot be given reference voices or names. Rename speakers in the response instead.",
+                param=f"{name}[]",
+            )
+
+
+def parse_form(form: FormData, *, chunking_defaults: ChunkingPolicy, evidence_by_default: bool) -> TranscriptionParams:
+    """Every field of the form, validated; admin-only fields are checked by the caller (`admin_fields`)."""
+    refuse_known_speakers(form)
+    fmt = parse_response_format(text_field(form, "response_format"))
+    stream = parse_bool(text_field(form, "stream"), param="stream")
+    if stream and not fmt.can_stream:
+        raise GatewayError(
+            ErrorCode.STREAM_NOT_SUPPORTED,
+            f"response_format '{fmt.value}' cannot be streamed; use json, text, verbose_json or diarized_json "
+            f"with stream=true, or stream=false for {fmt.value}.",
+            param="stream",
+        )
+    budget, budget_field = parse_budget(text_field(form, "max_completion_tokens"), text_field(form, "max_new_tokens"))
+    prompt = text_field(form, "prompt")
+    words = parse_hotwords(text_field(form, "hotwords")) + list_field(form, "keywords")
+    check_instruction(prompt, words)
+    language = text_field(form, "language")
+    return TranscriptionParams(
+        model=text_field(form, "model"),
+        instruction_override=prompt,
+        hotwords=tuple(dict.fromkeys(words)),
+        language=language,
+        languages=tuple(list_field(form, "languages")),
+        response_format=fmt,
+        temperature=parse_temperature(text_field(form, "temperature")),
+        timestamp_granularities=parse_granularities(list_field(form, "timestamp_granularities")),
+        stream=stream,
+        max_completion_tokens=budget,
+        budget_field=budget_field,
+        include_logprobs=parse_include(list_field(form, "include")),
+        track=parse_chunking_strategy(form, chunking_defaults),
+        ignore_eos=parse_bool(text_field(form, "ignore_eos"), param="ignore_eos"),
+        capture_evidence=parse_bool(text_field(form, "capture_evidence"), param="capture_evidence") or evidence_by_default,
+    )
+
+
+def wants_admin(form: FormData) -> bool:
+    """Admin-only fields present: `ignore_eos` and `capture_evidence` need the admin token."""
+    return parse_bool(text_field(form, "ignore_eos"), param="ignore_eos") or parse_bool(
+        text_field(form, "capture_evidence"), param="capture_evidence"
+    )

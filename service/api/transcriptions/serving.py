@@ -1,270 +1,160 @@
-"""The transcription job: decode, budget, generate, parse, account, answer.
+"""The HTTP face of the transcription pipeline: a form in, a response or an event stream out.
 
-The route only gathers form fields; everything a request goes through lives
-here, so the streaming and non-streaming paths share one pipeline and one set
-of evidence.
+Built once at start-up (`build_serving`). The request takes its admission slot
+before its body is read, so uploads waiting for the engine cannot pile up in
+memory or on disk; a client that goes away cancels its request
+(`with_cancellation`); a stream keeps quiet connections alive with SSE comments.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
-import uuid
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from typing import TypeVar
 
-from service.api.transcriptions.accounting import AccountingMixin, progress_checkpoint
-from service.api.transcriptions.jobs import (
-    PROGRESS_EVERY_TOKENS,
-    Outcome,
-    PreparedJob,
-    placeholder_budget,
-    wants_deltas,
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from service.api.admin import require_admin
+from service.api.transcriptions.protocol import (
+    MAX_FIELD_BYTES,
+    MAX_FORM_FIELDS,
+    parse_form,
+    upload_field,
+    wants_admin,
 )
-from service.api.transcriptions.protocol import TranscriptionParams
-from service.api.transcriptions.responses import ResponsesMixin
-from service.api.transcriptions.streaming import StreamingMixin
-from service.audio import decode_audio
-from service.budget import BudgetPolicy, EngineLimits, TokenBudget, plan_budget
-from service.engine.protocol import EngineDeadError, EngineTimings, GenerationRequest, GenerationUpdate
+from service.api.transcriptions.renderers import (
+    MEDIA_TYPES,
+    evidence_headers,
+    render_body,
+    render_event,
+    stream_headers,
+)
 from service.errors import ErrorCode, GatewayError
-from service.evidence import StopRecord, classify_stop, measure_coverage, truncation_reasons
-from service.prompt import build_instruction
+from service.longform import ChunkingPolicy
 from service.state import GatewayState
-from service.transcript import parse_transcript
+from service.transcription.job import DoneEvent, Outcome, TranscriptionJob
+from service.transcription.params import TranscriptionParams
+from service.transcription.pipeline import TranscriptionPipeline
 
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: The status a request gets in the ledger when its client went away (nginx's convention).
+CLIENT_CLOSED = 499
 
 
-class TranscriptionService(StreamingMixin, AccountingMixin, ResponsesMixin):
-    """Runs transcription jobs against the app's engine and accounts for them."""
+class ClientDisconnected(Exception):
+    """The client closed the connection before the answer was ready."""
 
-    def __init__(self, state: GatewayState) -> None:
-        self.state = state
 
-    # -- preparation ----------------------------------------------------
-    async def prepare(self, params: TranscriptionParams, data: bytes, filename: str | None) -> PreparedJob:
-        state = self.state
-        started = time.monotonic()
-        engine = state.require_engine()
-        state.require_qualified()
-        if not data:
-            raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded file is empty (0 bytes).", param="file")
-        limits = state.settings
-        chunked = params.chunking is not None
-        max_duration = limits.chunked_max_duration_s if chunked else limits.max_duration_s
-        try:
-            audio = await asyncio.to_thread(
-                decode_audio, data, filename=filename, target_rate=engine.sample_rate, max_duration_s=max_duration
-            )
-        except GatewayError as error:
-            if error.code is ErrorCode.AUDIO_TOO_LONG:
-                raise self._too_long(None, chunked=chunked) from None
-            raise
-        if audio.duration_s < limits.audio.min_duration_s:
-            raise GatewayError(
-                ErrorCode.AUDIO_TOO_SHORT,
-                f"The audio is {audio.duration_s:.3f} s long; the shortest accepted is "
-                f"{limits.audio.min_duration_s:g} s.",
-                param="file",
-            )
-        if audio.duration_s > max_duration:
-            raise self._too_long(audio.duration_s, chunked=chunked)
-        instruction = build_instruction(params.instruction_override, params.hotwords)
-        job = PreparedJob(
-            request_id=f"trsc-{uuid.uuid4().hex}",
-            params=params,
-            audio=audio,
-            budget=self._budget(len(audio.samples), instruction, params.max_completion_tokens)
-            if not chunked
-            else placeholder_budget(audio.duration_s),
-            instruction=instruction,
-            started=started,
-            received_at=datetime.now(UTC).isoformat(),
-        )
-        if chunked:
-            from service.api.transcriptions.chunked import plan_job
-
-            await plan_job(self, job)
-        return job
-
-    def _too_long(self, duration_s: float | None, *, chunked: bool) -> GatewayError:
-        limits = self.state.settings
-        length = "" if duration_s is None else f"{duration_s:.1f} s long; "
-        if chunked:
-            return GatewayError(
-                ErrorCode.AUDIO_TOO_LONG,
-                f"The audio is {length or 'longer than the limit; '}the chunked track accepts up to "
-                f"{limits.chunked_max_duration_s:g} s (longform.max_duration_s).",
-                param="file",
-            )
-        return GatewayError(
-            ErrorCode.AUDIO_TOO_LONG,
-            f"The audio is {length or 'longer than the limit; '}the longest accepted in one native pass is "
-            f"{limits.max_duration_s:g} s (audio.max_duration_s). Ask for the chunked track with "
-            f"chunking_strategy=auto (up to {limits.chunked_max_duration_s:g} s).",
-            param="file",
-        )
-
-    def _budget(self, num_samples: int, instruction: str, requested: int | None) -> TokenBudget:
-        """The output budget of one engine pass over `num_samples` of audio."""
-        engine = self.state.require_engine()
-        limits = self.state.settings
-        return plan_budget(
-            duration_s=num_samples / engine.sample_rate,
-            num_samples=num_samples,
-            prompt_tokens=engine.count_prompt_tokens(num_samples, instruction),
-            requested_max_tokens=requested,
-            policy=BudgetPolicy(
-                observed_tokens_per_second=limits.budget.observed_tokens_per_second,
-                conservative_tokens_per_second=limits.budget.conservative_tokens_per_second,
-                minimum_budget=limits.budget.minimum_budget,
-            ),
-            limits=EngineLimits(
-                max_model_len=engine.max_model_len,
-                encoder_budget_tokens=limits.effective_max_num_batched_tokens,
-                kv_bytes_per_token_bf16=getattr(engine, "kv_bytes_per_token_bf16", 0),
-            ),
-        )
-
-    def _engine_request(self, job: PreparedJob) -> GenerationRequest:
-        return GenerationRequest(
-            request_id=job.request_id,
-            audio=job.audio.samples,
-            instruction=job.instruction,
-            max_tokens=job.budget.max_tokens,
-            temperature=job.params.temperature,
-            ignore_eos=job.params.ignore_eos,
-            stream_deltas=wants_deltas(job, job.audio.duration_s),
-        )
-
-    # -- running ------------------------------------------------------------
-    async def _updates(
-        self, job: PreparedJob, request: GenerationRequest | None = None
-    ) -> AsyncIterator[GenerationUpdate]:
-        """Engine updates with in-flight accounting and progress logging (one engine pass)."""
-        engine = self.state.require_engine()
-        request = request or self._engine_request(job)
-        metrics = self.state.metrics
-        metrics.in_flight.inc()
-        next_log = PROGRESS_EVERY_TOKENS
-        evidence = self.state.settings.evidence
-        next_checkpoint_tokens = evidence.checkpoint_every_tokens
-        next_checkpoint_at = time.monotonic() + evidence.checkpoint_every_s
-        started_generating = False
-        try:
-            stream = engine.generate(request)
-            async with contextlib.aclosing(stream):  # type: ignore[type-var]
-                async for update in stream:
-                    started_generating = True
-                    if update.num_generated >= next_log:
-                        next_log = (update.num_generated // PROGRESS_EVERY_TOKENS + 1) * PROGRESS_EVERY_TOKENS
-                        logger.info(
-                            "%s: %d/%d tokens generated", request.request_id, update.num_generated, request.max_tokens
-                        )
-                    now = time.monotonic()
-                    if job.params.capture_evidence and job.plan is None and (
-                        update.num_generated >= next_checkpoint_tokens or now >= next_checkpoint_at or update.finished
-                    ):
-                        job.checkpoints.append(progress_checkpoint(job, update, now))
-                        next_checkpoint_tokens = update.num_generated + evidence.checkpoint_every_tokens
-                        next_checkpoint_at = now + evidence.checkpoint_every_s
-                    yield update
-        except EngineDeadError as exc:
-            self.state.mark_engine_dead(str(exc))
-            if not started_generating:
-                # Nothing was generated for this request: it never really ran, so it is refused like any new one.
-                raise GatewayError(
-                    ErrorCode.ENGINE_NOT_READY,
-                    f"The engine is down ({exc}); the gateway is restarting it. Retry when GET /ready answers 200.",
-                    headers={"Retry-After": str(self.state.settings.limits.retry_after_s)},
-                ) from exc
-            raise GatewayError(
-                ErrorCode.ENGINE_ERROR,
-                f"The engine died during the request ({exc}); the gateway is restarting it.",
-            ) from exc
-        finally:
-            metrics.in_flight.dec()
-
-    def classify(self, final: GenerationUpdate, budget: TokenBudget) -> StopRecord:
-        """The stop of one engine pass, from what the engine reported."""
-        engine = self.state.require_engine()
-        return classify_stop(
-            finish_reason=final.finish_reason,
-            stop_reason=final.stop_reason,
-            token_ids=final.all_token_ids,
-            eos_token_ids=engine.eos_token_ids,
-            max_tokens=budget.max_tokens,
-            prompt_tokens=final.prompt_token_count or budget.prompt_tokens,
-            max_model_len=engine.max_model_len,
-            token_text=engine.token_text,
-        )
-
-    def _conclude(self, job: PreparedJob, final: GenerationUpdate) -> Outcome:
-        transcript = parse_transcript(final.text)
-        stop = self.classify(final, job.budget)
-        coverage = measure_coverage(transcript, job.audio.duration_s)
-        reasons = truncation_reasons(stop, coverage, margin_s=self.state.settings.budget.coverage_margin_s)
-        return Outcome(
-            job=job,
-            raw_text=final.text,
-            token_ids=final.all_token_ids,
-            transcript=transcript,
-            stop=stop,
-            coverage=coverage,
-            truncation=reasons,
-            timings=final.timings or EngineTimings(submitted=job.started),
-            finished=time.monotonic(),
-        )
-
-    async def run(self, job: PreparedJob, is_disconnected: Callable[[], Awaitable[bool]]) -> Outcome:
-        """Generate to the end; abort the engine request if the client goes away."""
-        final: GenerationUpdate | None = None
-        chunked: Outcome | None = None
-
-        async def consume() -> None:
-            nonlocal final, chunked
-            if job.plan is not None:
-                from service.api.transcriptions.chunked import run_chunked
-
-                chunked = await run_chunked(self, job)
-                return
-            async for update in self._updates(job):
-                if update.finished:
-                    final = update
-
-        task = asyncio.create_task(consume())
-        try:
-            while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=0.5)
-                if not done and await is_disconnected():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-                    self.account_abort(job, final)
-                    raise GatewayError(ErrorCode.INVALID_REQUEST, "The client disconnected; the request was aborted.")
-            task.result()
-        except asyncio.CancelledError:
+async def with_cancellation(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it as soon as the client disconnects (call once the body is read)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
             task.cancel()
-            self.account_abort(job, final)
-            raise
-        if chunked is not None:
-            await self.account(chunked, status=200)
-            return chunked
-        if final is None:
-            raise GatewayError(ErrorCode.ENGINE_ERROR, "The engine ended the request without a final output.")
-        outcome = self._conclude(job, final)
-        await self.account(outcome, status=200)
-        return outcome
-
-    # -- accounting -----------------------------------------------------------
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnected
+    return task.result()
 
 
-    # -- answering --------------------------------------------------------------
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
-    # -- streaming ----------------------------------------------------------------
+class TranscriptionServing:
+    def __init__(self, *, state: GatewayState, pipeline: TranscriptionPipeline) -> None:
+        self.state = state
+        self.pipeline = pipeline
+        self.limits = state.settings.limits
+        self.chunking_defaults = ChunkingPolicy(**state.settings.chunking_defaults())
+
+    async def create(self, request: Request) -> Response:
+        """POST /v1/audio/transcriptions."""
+        state = self.state
+        state.require_engine()
+        state.require_qualified()
+        await state.admission.acquire()
+        release: Callable[[], None] | None = state.admission.release
+        try:
+            async with request.form(max_files=2, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES) as form:
+                if wants_admin(form):
+                    require_admin(request)
+                params = parse_form(
+                    form, chunking_defaults=self.chunking_defaults, evidence_by_default=state.settings.evidence.capture_all
+                )
+                upload = upload_field(form)
+                self._check_model(params)
+                job = await self.pipeline.prepare(params, await upload.read(), upload.filename)
+            if params.stream:
+                response, release = self._stream(job, on_close=release), None
+                return response
+            try:
+                outcome = await with_cancellation(request, self.pipeline.run(job))
+            except ClientDisconnected:
+                return Response(status_code=CLIENT_CLOSED)
+            return self._respond(outcome)
+        finally:
+            if release is not None:
+                release()
+
+    def _check_model(self, params: TranscriptionParams) -> None:
+        model, state = params.model, self.state
+        if model is None or model.strip() == "":
+            return
+        if model not in {state.model_name, state.settings.engine.model or state.model_name}:
+            raise GatewayError(
+                ErrorCode.MODEL_NOT_FOUND,
+                f"The model '{model}' is not served here; GET /v1/models lists '{state.model_name}'.",
+                param="model",
+            )
+
+    def _respond(self, outcome: Outcome) -> Response:
+        backend = self.state.gate.tag()
+        evidence = self.pipeline.accountant.evidence(outcome, backend)
+        body = render_body(outcome, backend, evidence)
+        headers = evidence_headers(outcome, backend)
+        if isinstance(body, str):
+            media = MEDIA_TYPES.get(outcome.job.params.response_format, "text/plain")
+            return PlainTextResponse(body, headers=headers, media_type=f"{media}; charset=utf-8")
+        return JSONResponse(body, headers=headers)
+
+    def _stream(self, job: TranscriptionJob, *, on_close: Callable[[], None]) -> EventSourceResponse:
+        backend = self.state.gate.tag()
+        headers = {**stream_headers(job.request_id, job.track, backend), "Cache-Control": "no-cache"}
+        return EventSourceResponse(
+            self._events(job, on_close),
+            ping=self.limits.sse_keepalive_s,
+            send_timeout=self.limits.sse_send_timeout_s,
+            sep="\n",
+            headers=headers,
+        )
+
+    async def _events(self, job: TranscriptionJob, on_close: Callable[[], None]) -> AsyncIterator[ServerSentEvent]:
+        """OpenAI's stream events; an error after the 200 becomes the stream's last event."""
+        backend = self.state.gate.tag()
+        try:
+            async for event in self.pipeline.events(job):
+                evidence = self.pipeline.accountant.evidence(event.outcome, backend) if isinstance(event, DoneEvent) else None
+                yield _sse(render_event(event, backend, evidence))
+        except GatewayError as error:
+            yield _sse(error.sse_event())
+        finally:
+            on_close()
 
 
+def _sse(event: dict[str, object]) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(event, ensure_ascii=False))
+
+
+def build_serving(state: GatewayState, pipeline: TranscriptionPipeline) -> TranscriptionServing:
+    return TranscriptionServing(state=state, pipeline=pipeline)
