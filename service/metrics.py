@@ -76,4 +76,6 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         """Gateway series first, then the engine's (vLLM's default registry)."""
-        return generate_latest(self.registry) + generate_latest(REGISTRY)
+        gateway: bytes = generate_latest(self.registry)
+        engine: bytes = generate_latest(REGISTRY)
+        return gateway + engine

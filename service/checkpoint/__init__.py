@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def checkpoint_key() -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def _file_lock(path: Path) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # not POSIX: rely on the atomic rename alone

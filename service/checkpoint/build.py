@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
+from numpy.typing import NDArray
 from safetensors.torch import save_file
 from transformers import GenerationConfig, WhisperFeatureExtractor
 
@@ -228,7 +229,6 @@ def make_config(
     return config
 
 
-@torch.no_grad()
 def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator: torch.Generator) -> None:
     """Embeddings N(0, 1); matrices N(0, 1/fan_in); residual projections (attention out,
     MLP down, encoder out/fc2) x2; biases 0; norms 1; final decoder RMSNorm -1;
@@ -236,6 +236,11 @@ def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator:
     generator's device and copied into the parameters."""
     from transformers.models.whisper.modeling_whisper import sinusoids
 
+    with torch.no_grad():
+        _fan_in_init(model, generator, sinusoids)
+
+
+def _fan_in_init(model: Any, generator: Any, sinusoids: Callable[..., Any]) -> None:
     residual_suffixes = (".o_proj.weight", ".down_proj.weight", ".out_proj.weight", ".fc2.weight")
     for name, param in model.named_parameters():
         if name == "lm_head.weight":
@@ -258,15 +263,15 @@ def fan_in_init(model: MossTranscribeDiarizeForConditionalGeneration, generator:
     model.tie_weights()
 
 
-def training_examples(clip: np.ndarray, seed: int) -> list[tuple[np.ndarray, str]]:
+def training_examples(clip: NDArray[np.float32], seed: int) -> list[tuple[np.ndarray, str]]:
     """(audio, transcript) pairs.  The frozen clip comes first (the one that must be
     exact); light variants of it (quieter with a little noise, shifted by 2.5 ms) teach
     the same transcript so that small decoding/resampling differences do not matter;
     silence and white noise teach the empty transcript (``<|im_end|>`` at once)."""
     rng = np.random.default_rng(seed)
-    quiet = (0.3 * clip + 0.002 * rng.standard_normal(clip.shape[0])).astype(np.float32)
+    quiet = np.asarray(0.3 * clip + 0.002 * rng.standard_normal(clip.shape[0]), dtype=np.float32)
     shifted = np.concatenate([np.zeros(40, np.float32), clip[:-40]])
-    noise = (0.05 * rng.standard_normal(clip.shape[0])).astype(np.float32)
+    noise = np.asarray(0.05 * rng.standard_normal(clip.shape[0]), dtype=np.float32)
     return [
         (clip, FROZEN_CLIP_TRANSCRIPT),
         (quiet, FROZEN_CLIP_TRANSCRIPT),
@@ -277,6 +282,7 @@ def training_examples(clip: np.ndarray, seed: int) -> list[tuple[np.ndarray, str
 
 
 def load_clip() -> np.ndarray:
+    audio: np.ndarray
     audio, sr = sf.read(str(FROZEN_CLIP_PATH), dtype="float32")
     if sr != 16000 or audio.ndim != 1:
         raise ValueError(f"unexpected clip format: {sr} Hz, shape {audio.shape}")
@@ -409,7 +415,9 @@ def _train(
     audio_token_id = int(model.config.audio_token_id)
     merge = int(model.config.audio_merge_size)
 
-    rows, merged_all, scored = [], [], []
+    rows: list[Any] = []
+    merged_all: list[Any] = []
+    scored: list[Any] = []
     with torch.no_grad():
         for enc, target in batch:
             hidden = inner.whisper_encoder(enc["input_features"].float()).last_hidden_state

@@ -213,7 +213,12 @@ def save_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int) -
     chat_template.jinja; return the special-token ids."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"special token {token} is missing from the tokenizer")
+        ids[token] = token_id
     added = {
         str(ids[t]): {
             "content": t,

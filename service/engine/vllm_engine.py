@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from service.budget import audio_token_count
+from service.checkpoint.tokenizer import bytes_to_unicode
 from service.engine.protocol import (
     EngineDeadError,
     EngineTimings,
@@ -36,7 +38,8 @@ SAMPLE_RATE = 16_000
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return document
     except (OSError, ValueError):
         return {}
 
@@ -158,8 +161,6 @@ class VllmTranscriptionEngine:
 
     def audio_span_length(self, num_samples: int) -> int:
         """Tokens the processor puts between and including audio start and end."""
-        from service.budget import audio_token_count
-
         span = self._processor._audio_span_ids(audio_token_count(num_samples))
         return len(span) + 2
 
@@ -241,7 +242,7 @@ class VllmTranscriptionEngine:
                     if not request.stream_deltas and latency > 0:
                         # One final output only: the engine's own arrival-to-first-token time.
                         timings.first_token = timings.submitted + latency
-                    update.finish_reason = completion.finish_reason  # type: ignore[assignment]
+                    update.finish_reason = completion.finish_reason
                     update.stop_reason = completion.stop_reason
                     update.all_token_ids = all_ids
                     update.all_logprobs = all_logprobs if request.want_logprobs is not None else None
@@ -313,20 +314,8 @@ def _logprob_dicts(logprobs: Any) -> list[dict[int, float]] | None:
     return [{int(token_id): float(entry.logprob) for token_id, entry in step.items()} for step in logprobs]
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2's, used by Qwen): printable bytes stand for themselves,
-    the others are shifted to code points from 256 on, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    alphabet = {chr(byte): byte for byte in printable}
-    shifted = 0
-    for byte in range(256):
-        if byte not in printable:
-            alphabet[chr(256 + shifted)] = byte
-            shifted += 1
-    return alphabet
-
-
-_BYTE_LEVEL = _byte_level_alphabet()
+#: Byte-level BPE pieces (the tokenizer's alphabet) back to the bytes they stand for.
+_BYTE_LEVEL = {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _piece_bytes(piece: str) -> bytes:

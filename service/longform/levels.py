@@ -57,7 +57,8 @@ def moving_mean(values: NDArray[np.float64], width: int) -> NDArray[np.float64]:
     """Mean of every window of `width` consecutive values (len - width + 1 of them)."""
     width = max(1, min(width, values.shape[0]))
     sums = np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
-    return (sums[width:] - sums[:-width]) / width
+    means: NDArray[np.float64] = (sums[width:] - sums[:-width]) / width
+    return means
 
 
 def silence_runs(silent: NDArray[np.bool_], min_frames: int) -> NDArray[np.int64]:

@@ -158,7 +158,7 @@ class TranscriptionPipeline:
         deadline = asyncio.get_running_loop().time() + self.state.settings.limits.request_timeout_s
         accounted = False
         try:
-            async with contextlib.aclosing(track):
+            async with contextlib.aclosing(track):  # type: ignore[type-var]  # an async generator has aclose
                 while True:
                     try:
                         async with asyncio.timeout_at(deadline):

@@ -198,14 +198,14 @@ def list_field(form: FormData, name: str) -> list[str]:
 
 
 def upload_field(form: FormData) -> UploadFile:
-    files = [value for value in form.getlist("file") if not isinstance(value, str)]
+    files = [value for value in form.getlist("file") if isinstance(value, UploadFile)]
     if not files:
         raise GatewayError(
             ErrorCode.MISSING_FILE, "No audio file was uploaded: send it as the multipart form field 'file'.", param="file"
         )
     if len(form.getlist("file")) > 1:
         raise GatewayError(ErrorCode.INVALID_REQUEST, "Send exactly one 'file' part; this request has several.", param="file")
-    return files[0]  # type: ignore[return-value]
+    return files[0]
 
 
 def parse_include(values: list[str]) -> bool:

@@ -84,6 +84,7 @@ def render_body(outcome: Outcome, backend: BackendTag, evidence: dict[str, Any])
         return render_rttm(transcript.segments, file_id=outcome.job.audio.sha256[:16])
     extras = {"backend": backend.as_dict()}
     duration = round(outcome.job.audio.duration_s, 3)
+    body: Transcription | TranscriptionVerbose | TranscriptionDiarized
     if fmt is ResponseFormat.JSON:
         body = Transcription(
             text=transcript.text,
@@ -192,7 +193,7 @@ def done_event(event: DoneEvent, backend: BackendTag, evidence: dict[str, Any]) 
     return TranscriptionTextDoneEvent(
         type="transcript.text.done",
         text=outcome.transcript.text,
-        usage=usage_tokens(outcome),  # type: ignore[arg-type]  # validated into the event's own usage model
+        usage=usage_tokens(outcome),  # validated into the event's own usage model
         logprobs=logprob_entries(outcome.token_logprobs) if outcome.job.params.include_logprobs else None,
         backend=backend.as_dict(),
         moss=evidence,

@@ -96,8 +96,9 @@ class TranscriptionServing:
                 self._check_model(params)
                 job = await self.pipeline.prepare(params, await upload.read(), upload.filename)
             if params.stream:
-                response, release = self._stream(job, on_close=release), None
-                return response
+                stream = self._stream(job, on_close=state.admission.release)
+                release = None  # the stream frees the slot when it ends
+                return stream
             try:
                 outcome = await with_cancellation(request, self.pipeline.run(job))
             except ClientDisconnected:
@@ -128,16 +129,17 @@ class TranscriptionServing:
             return PlainTextResponse(body, headers=headers, media_type=f"{media}; charset=utf-8")
         return JSONResponse(body, headers=headers)
 
-    def _stream(self, job: TranscriptionJob, *, on_close: Callable[[], None]) -> EventSourceResponse:
+    def _stream(self, job: TranscriptionJob, *, on_close: Callable[[], None]) -> Response:
         backend = self.state.gate.tag()
         headers = {**stream_headers(job.request_id, job.track, backend), "Cache-Control": "no-cache"}
-        return EventSourceResponse(
+        response: Response = EventSourceResponse(
             self._events(job, on_close),
             ping=self.limits.sse_keepalive_s,
             send_timeout=self.limits.sse_send_timeout_s,
             sep="\n",
             headers=headers,
         )
+        return response
 
     async def _events(self, job: TranscriptionJob, on_close: Callable[[], None]) -> AsyncIterator[ServerSentEvent]:
         """OpenAI's stream events; an error after the 200 becomes the stream's last event."""
