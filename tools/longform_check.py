@@ -5,8 +5,8 @@ native pass (encoder budget 67,500 tokens, context 131,072), builds synthetic
 programs (the frozen two-voice clip repeated between pauses, over noise), sends
 
 1. the 47-minute program with no chunking request (the native track),
-2. the same program with `chunking_strategy=auto` (the chunked track),
-3. a 2:47:59 program with `chunking_strategy=auto`,
+2. the same program with a `server_vad` chunking_strategy (the chunked track, asked for explicitly),
+3. a 2:47:59 program with `chunking_strategy=auto` (too long for one pass, so the server chunks it),
 
 and prints, for each, the track, the cut list and its hash, per-chunk stops and
 the global speakers; it writes the responses as JSON. The tiny model writes
@@ -103,7 +103,7 @@ def main() -> int:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         cases = [
             ("47-min native", program(args.native_s, 1), {}),
-            ("47-min chunked", program(args.native_s, 1), {"chunking_strategy": "auto"}),
+            ("47-min chunked", program(args.native_s, 1), {"chunking_strategy": json.dumps({"type": "server_vad"})}),
             ("2:47:59 chunked", program(args.chunked_s, 2), {"chunking_strategy": "auto"}),
             ("2:47:59 native (refused)", program(args.chunked_s, 2), {}),
         ]

@@ -26,7 +26,7 @@ for p in aiocontextvars annotated-types astor blake3 cachetools cbor2 cffi compr
          pydantic==2.14.4 pydantic-core==2.50.5 python-json-logger pyzmq referencing rpds-py setproctitle sniffio \
          starlette==1.10.0 typing-inspection watchfiles xgrammar mistral-common pydantic-extra-types pycountry \
          apache-tvm-ffi==0.1.15.post2 uvicorn==0.54.0 pydantic-settings==2.16.3 python-dotenv \
-         python-multipart==0.0.34 soundfile==0.14.0 soxr==1.1.0 av==18.1.0 loguru distro; do
+         python-multipart==0.0.34 soundfile==0.14.0 soxr==1.1.0 av==18.1.0 loguru distro sse-starlette==3.7.0 anyio; do
   "${DL[@]}" -d "$W"/small "$p"
 done
 for p in soundfile==0.14.0 cffi pycparser typing_extensions httptools==0.9.0; do "${DL[@]}" -d "$W"/early "$p"; done

@@ -13,12 +13,25 @@ import openai
 import pytest
 import soundfile as sf
 from gateway_process import ADMIN_TOKEN, GatewayProcess
+from openai.types.audio import (
+    Transcription,
+    TranscriptionDiarized,
+    TranscriptionTextDeltaEvent,
+    TranscriptionTextDoneEvent,
+    TranscriptionTextSegmentEvent,
+    TranscriptionVerbose,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SEGMENTS, FROZEN_CLIP_TRANSCRIPT
 
 CLIP = FROZEN_CLIP_PATH.read_bytes()
 EXPECTED_TEXT = " ".join(text for *_, text in FROZEN_CLIP_SEGMENTS)
+STREAM_EVENTS = {
+    "transcript.text.delta": TranscriptionTextDeltaEvent,
+    "transcript.text.segment": TranscriptionTextSegmentEvent,
+    "transcript.text.done": TranscriptionTextDoneEvent,
+}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -60,7 +73,15 @@ def test_taught_clip_comes_back_as_real_segments(qualified_gateway: GatewayProce
     assert evidence["raw_text"] == FROZEN_CLIP_TRANSCRIPT
     assert evidence["stop"]["stop"] == "eos"
     assert evidence["stop"]["end_token"] == "<|im_end|>"  # an end token of the generation config, named
-    assert evidence["stop"]["generated_tokens"] == body["usage"]["output_tokens"]
+    assert evidence["stop"]["generated_tokens"] == evidence["tokens"]["generated"]
+    verbose = TranscriptionVerbose.model_validate(body)
+    assert verbose.usage is not None and verbose.usage.type == "duration"
+    assert verbose.segments is not None
+    for segment in verbose.segments:  # measured by the engine for this segment's own tokens
+        assert segment.tokens and segment.avg_logprob < 0 and 0 <= segment.no_speech_prob <= 1
+        assert segment.compression_ratio > 0
+    # Each segment's tokens are its own stretch of the generation (the end token belongs to none).
+    assert sum(len(segment.tokens) for segment in verbose.segments) < evidence["tokens"]["generated"]
     assert evidence["truncated"] is False
     assert evidence["coverage"]["uncovered_tail_s"] < 1.0
     assert evidence["timings"]["time_to_first_token_s"] > 0
@@ -117,12 +138,43 @@ def test_openai_sdk_streaming(openai_client: openai.OpenAI) -> None:
         events = list(stream)
     kinds = [event.type for event in events]
     assert kinds[-1] == "transcript.text.done"
-    deltas = "".join(event.delta for event in events if event.type == "transcript.text.delta")
-    assert deltas == FROZEN_CLIP_TRANSCRIPT
+    deltas = [event for event in events if event.type == "transcript.text.delta"]
+    assert "".join(event.delta for event in deltas) == EXPECTED_TEXT  # clean text adds up to the done text
+    assert all(event.segment_id and event.segment_id.startswith("seg_") for event in deltas)
     assert kinds.count("transcript.text.segment") == 4
     done = events[-1]
     assert done.text == EXPECTED_TEXT
     assert done.model_extra["moss"]["stop"]["stop"] == "eos"
+
+
+@pytest.mark.parametrize("fmt", ["json", "verbose_json", "diarized_json", "text"])
+def test_every_stream_event_validates_on_the_real_engine(qualified_gateway: GatewayProcess, fmt: str) -> None:
+    with httpx.Client(base_url=qualified_gateway.url, timeout=120) as client:
+        with client.stream(
+            "POST", "/v1/audio/transcriptions", files={"file": ("clip.wav", CLIP, "audio/wav")},
+            data={"stream": "true", "response_format": fmt, "include[]": "logprobs"},
+        ) as response:
+            assert response.status_code == 200
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    for event in events:
+        if event["type"] == "moss.progress":
+            assert 0 < event["fraction"] <= 1
+        else:
+            STREAM_EVENTS[event["type"]].model_validate(event)
+    done = TranscriptionTextDoneEvent.model_validate(events[-1])
+    assert "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta") == done.text
+    streamed = [{k: e[k] for k in ("id", "start", "end", "speaker", "text")} for e in events if e["type"] == "transcript.text.segment"]
+    final = TranscriptionDiarized.model_validate(transcribe(qualified_gateway, response_format="diarized_json").json())
+    assert streamed == [s.model_dump(include={"id", "start", "end", "speaker", "text"}) for s in final.segments]
+    logprobs = [lp for e in events if e["type"] == "transcript.text.delta" for lp in e.get("logprobs") or []]
+    assert done.logprobs is not None and len(done.logprobs) == len(logprobs) == done.model_extra["moss"]["tokens"]["generated"]
+
+
+@pytest.mark.parametrize("fmt", ["json", "verbose_json", "diarized_json"])
+def test_every_json_body_validates_on_the_real_engine(qualified_gateway: GatewayProcess, fmt: str) -> None:
+    body = transcribe(qualified_gateway, response_format=fmt).json()
+    model = {"json": Transcription, "verbose_json": TranscriptionVerbose, "diarized_json": TranscriptionDiarized}[fmt]
+    assert model.model_validate(body).text == EXPECTED_TEXT
 
 
 def test_budget_cap_is_max_tokens_truncated_with_coverage(qualified_gateway: GatewayProcess) -> None:
@@ -222,7 +274,8 @@ def test_chunked_track_end_to_end(qualified_gateway: GatewayProcess) -> None:
     program = io.BytesIO()
     sf.write(program, np.concatenate([samples, pause, samples, pause, samples]), rate, format="WAV")
     before = metric_values(qualified_gateway)
-    response = transcribe(qualified_gateway, program.getvalue(), chunking_strategy="auto", response_format="diarized_json")
+    server_vad = '{"type": "server_vad"}'  # asks for chunks; `auto` would run this 34 s program in one pass
+    response = transcribe(qualified_gateway, program.getvalue(), chunking_strategy=server_vad, response_format="diarized_json")
     assert response.status_code == 200, response.text
     body = response.json()
     evidence = body["moss"]

@@ -160,3 +160,14 @@ def test_end_token_is_not_in_the_logprob_tokens_text(fake_client: AppFactory) ->
     client, _ = fake_client()
     body = post(client, **{"include[]": "logprobs"}).json()
     assert body["logprobs"][-1]["bytes"] == [] and EOS > 0x10FFFF
+
+
+def test_a_quiet_stream_sends_keepalive_comments(fake_client: AppFactory) -> None:
+    client, _ = fake_client(FakeEngine(token_delay_s=0.02), limits={"sse_keepalive_s": 0.2})
+    with client.stream(
+        "POST", "/v1/audio/transcriptions", files={"file": ("a.wav", make_wav(4.0), "audio/wav")},
+        data={"stream": "true"},
+    ) as response:
+        lines = list(response.iter_lines())
+    assert any(line.startswith(":") for line in lines)  # SSE comments: proxies keep the connection open
+    assert json.loads([line for line in lines if line.startswith("data: ")][-1][6:])["type"] == "transcript.text.done"
