@@ -26,6 +26,9 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT
+from service.checkpoint.build import build_checkpoint
+
 __all__ = [
     "TINY_CHECKPOINT_NAME",
     "CACHE_DIR_ENV",
@@ -71,8 +74,6 @@ def checkpoint_key() -> str:
     """Content hash of everything the build depends on: the builder's sources, the
     frozen clip's bytes and transcript, the sizes (inside build.py), the library
     versions and the CPU model (so a cache copied between CPU types is not reused)."""
-    from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT
-
     h = hashlib.sha256()
     for rel in _SOURCE_FILES:
         h.update(rel.encode())
@@ -124,8 +125,6 @@ def ensure_tiny_checkpoint(cache_dir: Path | None = None) -> Path:
     with _file_lock(root / f".{TINY_CHECKPOINT_NAME}-{key[:16]}.lock"):
         if (final / _COMPLETE_MARKER).is_file():
             return final
-        from service.checkpoint.build import build_checkpoint
-
         tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_CHECKPOINT_NAME}-build-", dir=root))
         try:
             report = build_checkpoint(tmp / "ckpt")

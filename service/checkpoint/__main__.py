@@ -8,6 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
+from service.checkpoint import checkpoint_key, ensure_tiny_checkpoint
+from service.checkpoint.build import build_checkpoint
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m service.checkpoint", description="tiny MOSS checkpoint")
@@ -21,17 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
     if args.command == "build":
-        from service.checkpoint.build import build_checkpoint
-
         report = build_checkpoint(args.out)
         print(json.dumps(report, indent=2))
     elif args.command == "ensure":
-        from service.checkpoint import ensure_tiny_checkpoint
-
         print(ensure_tiny_checkpoint(args.cache_dir))
     else:
-        from service.checkpoint import checkpoint_key
-
         print(checkpoint_key())
     return 0
 

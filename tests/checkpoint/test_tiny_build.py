@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import service.checkpoint as ckpt
-import service.checkpoint.build as build_mod
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +31,7 @@ def _fake_builder(calls: list[Path], delay: float = 0.2):
 
 def test_cache_folder_is_named_by_the_content_key(tmp_path, monkeypatch):
     calls: list[Path] = []
-    monkeypatch.setattr(build_mod, "build_checkpoint", _fake_builder(calls, delay=0))
+    monkeypatch.setattr(ckpt, "build_checkpoint", _fake_builder(calls, delay=0))
     path = ckpt.ensure_tiny_checkpoint(tmp_path)
     assert path == tmp_path / f"{ckpt.TINY_CHECKPOINT_NAME}-{ckpt.checkpoint_key()[:16]}"
     assert (path / "config.json").is_file() and (path / ".complete").is_file()
@@ -44,7 +43,7 @@ def test_cache_folder_is_named_by_the_content_key(tmp_path, monkeypatch):
 
 def test_concurrent_callers_build_once(tmp_path, monkeypatch):
     calls: list[Path] = []
-    monkeypatch.setattr(build_mod, "build_checkpoint", _fake_builder(calls))
+    monkeypatch.setattr(ckpt, "build_checkpoint", _fake_builder(calls))
     results: list[Path] = []
     threads = [threading.Thread(target=lambda: results.append(ckpt.ensure_tiny_checkpoint(tmp_path))) for _ in range(3)]
     for t in threads:
@@ -61,7 +60,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
         (out_dir / "half.json").write_text("{")
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(build_mod, "build_checkpoint", broken)
+    monkeypatch.setattr(ckpt, "build_checkpoint", broken)
     with pytest.raises(RuntimeError, match="boom"):
         ckpt.ensure_tiny_checkpoint(tmp_path)
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
