@@ -295,7 +295,7 @@ class EngineBench:
             self.sampler.start()
             for cell in self.cells:
                 remaining = self.args.deadline_s - (time.monotonic() - self.started)
-                estimate = estimate_cell_s(cell)
+                estimate = self.estimate_cell_s(cell)
                 if estimate > remaining:
                     note = f"{cell.name}: skipped, about {estimate:.0f} s needed and {remaining:.0f} s left"
                     logger.warning(note)
@@ -319,6 +319,9 @@ class EngineBench:
             except (TimeoutError, Exception) as exc:  # the results are already saved
                 logger.warning("gateway shutdown did not finish cleanly: %r", exc)
         return self.result
+
+    def estimate_cell_s(self, cell: Cell) -> float:
+        return estimate_cell_s(cell)
 
     def _qualification_summary(self, state: Any) -> dict[str, Any] | None:
         from qualification.records import RecordStore
@@ -542,9 +545,18 @@ class EngineBench:
         return await closed_loop(one, records, concurrency, per_worker)
 
     async def gateway_block(
-        self, cell: Cell, files: list[Path], concurrency: int, per_worker: int, max_tokens: int, label: str
+        self,
+        cell: Cell,
+        files: list[Path],
+        concurrency: int,
+        per_worker: int,
+        max_tokens: int,
+        label: str,
+        *,
+        target: dict[str, Any] | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
-        spec = {
+        """The HTTP client process against the gateway (or, with `target`, another server: url, kind...)."""
+        spec: dict[str, Any] = {
             "url": self.url,
             "token": self.token,
             "files": [str(f) for f in files],
@@ -552,6 +564,7 @@ class EngineBench:
             "requests_per_worker": per_worker,
             "output_tokens": max_tokens,
             "stream": cell.stream,
+            **(target or {}),
         }
         spec_path = self.work / f"{cell.name}-{label}-spec.json"
         out_path = self.work / f"{cell.name}-{label}-out.json"
