@@ -44,7 +44,9 @@ def _form(spec: dict[str, Any]) -> dict[str, str]:
     if spec.get("stream"):
         form.update(stream="true", response_format="json")
     else:
-        form["response_format"] = "verbose_json"
+        # verbose_json carries the gateway's timings but makes it ask the engine for log-probabilities
+        # (its segments' avg_logprob): the interleaved protocol asks for plain json, as vllm serve gets
+        form["response_format"] = spec.get("response_format", "verbose_json")
     return form
 
 
@@ -87,6 +89,8 @@ async def _one(client: httpx.AsyncClient, spec: dict[str, Any], index: int, payl
         elif response.status_code == 200:
             moss = response.json().get("moss") or {}
             record["header_generated_tokens"] = int(response.headers.get("x-moss-generated-tokens", "-1"))
+            if not moss:  # plain json: the count is in the evidence headers
+                moss = {"tokens": {"generated": record["header_generated_tokens"]}}
             record["qualification_id"] = response.headers.get("x-moss-qualification-id")
         else:
             record["error"] = response.text[:2000]

@@ -395,6 +395,7 @@ class EngineBench:
                         wall, records = await self.gateway_block(
                             cell, files, cell.concurrency, per_block, cell.output_tokens, f"b{block}"
                         )
+                    self.profiler.requests += len(records)
                     for f in files:
                         f.unlink(missing_ok=True)
                 elif path_name in ("direct", "direct-final"):

@@ -27,8 +27,11 @@ PATHS = ("direct", "gateway", "vllm-serve")
 MIN_REPEATS = 3
 
 #: The ratios the report gives: (name, numerator path, denominator path).
-RATIOS = (("gateway/direct", "gateway", "direct"), ("gateway/vllm-serve", "gateway", "vllm-serve"),
-          ("vllm-serve/direct", "vllm-serve", "direct"))
+RATIOS = (
+    ("gateway/direct", "gateway", "direct"),
+    ("gateway/vllm-serve", "gateway", "vllm-serve"),
+    ("vllm-serve/direct", "vllm-serve", "direct"),
+)
 
 
 def rotation(paths: Sequence[str], repeat: int) -> list[str]:
@@ -89,6 +92,7 @@ def block_row(
     records: list[dict[str, Any]],
     generated_tokens: int | None = None,
     cpu_s: float | None = None,
+    loop_cpu_s: float | None = None,
 ) -> dict[str, Any]:
     """One measured block (one path, one repetition of a cell) as a raw row.
 
@@ -124,7 +128,11 @@ def block_row(
         "latency_mean_s": statistics.fmean(latencies) if latencies else None,
         "latency_p50_s": median(latencies),
         "own_time_mean_s": statistics.fmean(own) if own else None,
+        # CPU of the serving process per request, all threads (direct, gateway: the harness process that
+        # holds the gateway and the engine's front end; vllm-serve: its API process)
         "process_cpu_ms_per_request": None if cpu_s is None or not records else 1000.0 * cpu_s / len(records),
+        # of which the event-loop thread (direct, gateway only)
+        "loop_cpu_ms_per_request": None if loop_cpu_s is None or not records else 1000.0 * loop_cpu_s / len(records),
     }
 
 
@@ -160,10 +168,19 @@ def summarize_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [t for t in (_throughput(r) for r in reps.values()) if t is not None]
             latencies = [float(r["latency_mean_s"]) for r in reps.values() if r.get("latency_mean_s") is not None]
             own = [float(r["own_time_mean_s"]) for r in reps.values() if r.get("own_time_mean_s") is not None]
-            cpu = [float(r["process_cpu_ms_per_request"]) for r in reps.values()
-                   if r.get("process_cpu_ms_per_request") is not None]
+            cpu = [
+                float(r["process_cpu_ms_per_request"])
+                for r in reps.values()
+                if r.get("process_cpu_ms_per_request") is not None
+            ]
+            loop = [
+                float(r["loop_cpu_ms_per_request"])
+                for r in reps.values()
+                if r.get("loop_cpu_ms_per_request") is not None
+            ]
             paths[path] = {
                 "cpu_ms_per_request": median(cpu),
+                "loop_cpu_ms_per_request": median(loop),
                 "audio_s_per_s": spread(values),
                 "latency_mean_s": median(latencies),
                 "own_time_mean_s": median(own),
@@ -188,10 +205,18 @@ def summarize_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "paths": paths,
             "ratios": ratios,
         }
+        # The gateway's own time per request: its mean latency minus the direct engine's, paired by
+        # repetition (both ran on the same engine seconds apart); the share is of the direct latency.
+        extra = []
+        if "gateway" in by_path and "direct" in by_path:
+            for repeat in sorted(set(by_path["gateway"]) & set(by_path["direct"])):
+                g, d = by_path["gateway"][repeat], by_path["direct"][repeat]
+                if g.get("latency_mean_s") is not None and d.get("latency_mean_s") is not None:
+                    extra.append(float(g["latency_mean_s"]) - float(d["latency_mean_s"]))
+        summary["gateway_extra_latency_s"] = spread(extra)
         direct_latency = paths.get("direct", {}).get("latency_mean_s")
-        own = paths.get("gateway", {}).get("own_time_mean_s")
-        if own is not None and direct_latency:
-            summary["gateway_own_time_share"] = own / direct_latency
+        if extra and direct_latency:
+            summary["gateway_extra_latency_share"] = float(median(extra) or 0.0) / direct_latency
         out.append(summary)
     return out
 
@@ -218,7 +243,7 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
         "gateway/direct median (min-max; IQR; n)",
         "gateway/vllm-serve",
         "vllm-serve/direct",
-        "gateway own time / direct latency",
+        "gateway own time per request (latency - direct's, median) / direct latency",
         "process CPU ms/request direct / gateway / vllm-serve",
     ]
     lines = []
@@ -234,9 +259,9 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
             cols.append(f"{_fmt(t['median'])} ({_fmt(t['min'])}-{_fmt(t['max'])}){flag}")
         for label, _, _ in RATIOS:
             cols.append(_ratio(s["ratios"].get(label)))
-        share = s.get("gateway_own_time_share")
-        own = s["paths"].get("gateway", {}).get("own_time_mean_s")
-        cols.append("-" if share is None else f"{own * 1000:.1f} ms = {share * 100:.2f} %")
+        share = s.get("gateway_extra_latency_share")
+        extra = s.get("gateway_extra_latency_s") or {}
+        cols.append("-" if share is None else f"{extra['median'] * 1000:+.1f} ms = {share * 100:+.2f} %")
         cols.append(" / ".join(_fmt(s["paths"].get(p, {}).get("cpu_ms_per_request")) for p in PATHS))
         lines.append(cols)
     if markdown:

@@ -147,32 +147,54 @@ class ThroughputBench(EngineBench):
                 )
             else:
                 wav = write_wav(cell_dir / f"warmup-{path}.wav", pcm)
-                await self.gateway_block(cell, [wav], 1, 1, cell.warmup_tokens, f"warmup-{path}", target=self._target(path))
+                await self.gateway_block(
+                    cell, [wav], 1, 1, cell.warmup_tokens, f"warmup-{path}", target=self._target(path)
+                )
                 wav.unlink(missing_ok=True)
 
         for repeat, position, path in schedule(cell.paths, self.repeats):
             pcms = self._audio(cell, n)
-            files = [] if path == "direct" else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
+            files = (
+                [] if path == "direct" else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
+            )
             audios = [pcm16_to_float(p) for p in pcms] if path == "direct" else []
             tokens_before = await self.serve.generation_tokens() if path == "vllm-serve" else None
             serve_cpu = process_cpu_s(self.serve.process.pid) if path == "vllm-serve" else None
-            cpu_started = time.process_time()
+            cpu_started, loop_started = time.process_time(), time.thread_time()
             if path == "direct":
                 wall, records = await self.direct_block(
-                    engine, audios, cell.concurrency, cell.requests_per_worker, cell.output_tokens, instruction,
+                    engine,
+                    audios,
+                    cell.concurrency,
+                    cell.requests_per_worker,
+                    cell.output_tokens,
+                    instruction,
                     stream_deltas=False,
                 )
             elif path == "gateway":
                 with self.profiler:
                     wall, records = await self.gateway_block(
-                        cell, files, cell.concurrency, cell.requests_per_worker, cell.output_tokens, f"r{repeat}"
+                        cell,
+                        files,
+                        cell.concurrency,
+                        cell.requests_per_worker,
+                        cell.output_tokens,
+                        f"r{repeat}",
+                        target=self._target(path),
                     )
+                self.profiler.requests += len(records)
             else:
                 wall, records = await self.gateway_block(
-                    cell, files, cell.concurrency, cell.requests_per_worker, cell.output_tokens, f"r{repeat}",
+                    cell,
+                    files,
+                    cell.concurrency,
+                    cell.requests_per_worker,
+                    cell.output_tokens,
+                    f"r{repeat}",
                     target=self._target(path),
                 )
             cpu_s: float | None = time.process_time() - cpu_started
+            loop_cpu_s: float | None = time.thread_time() - loop_started
             generated = None
             if path == "vllm-serve":
                 tokens_after = await self.serve.generation_tokens()
@@ -180,24 +202,39 @@ class ThroughputBench(EngineBench):
                     generated = int(round(tokens_after - tokens_before))
                 after = process_cpu_s(self.serve.process.pid)
                 cpu_s = None if serve_cpu is None or after is None else after - serve_cpu
+                loop_cpu_s = None
             for f in files:
                 f.unlink(missing_ok=True)
             row = block_row(
-                cell=cell, path=path, repeat=repeat, position=position, wall_s=wall, records=records,
-                generated_tokens=generated, cpu_s=cpu_s,
+                cell=cell,
+                path=path,
+                repeat=repeat,
+                position=position,
+                wall_s=wall,
+                records=records,
+                generated_tokens=generated,
+                cpu_s=cpu_s,
+                loop_cpu_s=loop_cpu_s,
             )
             self.result["rows"].append(row)
             self.result["records"][f"{cell.name}/{path}/r{repeat}"] = records
             logger.info(
                 "  r%d #%d %s: %d/%d ok in %.3f s, %.1f audio-s/s, %s tokens",
-                repeat, position, path, row["ok"], row["requests"], wall, row["audio_s_per_s"] or 0.0,
+                repeat,
+                position,
+                path,
+                row["ok"],
+                row["requests"],
+                wall,
+                row["audio_s_per_s"] or 0.0,
                 row["generated_tokens"],
             )
             self._save()
 
         self.result["summary"] = summarize_cells(self.result["rows"])
-        self.result["cells"].append({"cell": cell.as_dict(), "repeats": self.repeats,
-                                     "elapsed_s": time.monotonic() - t_cell})
+        self.result["cells"].append(
+            {"cell": cell.as_dict(), "repeats": self.repeats, "elapsed_s": time.monotonic() - t_cell}
+        )
         try:
             cell_dir.rmdir()
         except OSError:
@@ -205,7 +242,7 @@ class ThroughputBench(EngineBench):
 
     def _target(self, path: str) -> dict[str, Any] | None:
         if path == "gateway":
-            return None
+            return {"response_format": "json"}  # what vllm serve is asked for too: no log-probabilities
         if path == "vllm-serve" and self.serve is not None:
             return {"url": self.serve.url, "token": None, "kind": "vllm", "model": self.serve_model, "stream": False}
         raise ValueError(f"no HTTP target for path {path}")

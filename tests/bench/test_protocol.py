@@ -26,9 +26,12 @@ def test_rotation_puts_every_path_once_in_every_position() -> None:
 def test_schedule_interleaves_paths_within_each_repeat() -> None:
     plan = schedule(("direct", "gateway"), 3)
     assert plan == [
-        (0, 0, "direct"), (0, 1, "gateway"),
-        (1, 0, "gateway"), (1, 1, "direct"),
-        (2, 0, "direct"), (2, 1, "gateway"),
+        (0, 0, "direct"),
+        (0, 1, "gateway"),
+        (1, 0, "gateway"),
+        (1, 1, "direct"),
+        (2, 0, "direct"),
+        (2, 1, "gateway"),
     ]
 
 
@@ -59,7 +62,11 @@ def _rows(walls: dict[str, list[float]], cell_name: str = "short-12s-c16") -> li
             tokens = cell.output_tokens if path != "vllm-serve" else None
             rows.append(
                 block_row(
-                    cell=cell, path=path, repeat=repeat, position=position, wall_s=walls[path][repeat],
+                    cell=cell,
+                    path=path,
+                    repeat=repeat,
+                    position=position,
+                    wall_s=walls[path][repeat],
                     records=_records(cell.num_requests, tokens, own=0.005 if path == "gateway" else None),
                     generated_tokens=cell.output_tokens * cell.num_requests if path == "vllm-serve" else None,
                     cpu_s=0.64 if path == "gateway" else 0.32,
@@ -71,7 +78,17 @@ def _rows(walls: dict[str, list[float]], cell_name: str = "short-12s-c16") -> li
 def test_rows_carry_the_protocol_fields() -> None:
     rows = _rows({"direct": [2.0, 2.0, 2.0], "gateway": [2.5, 2.5, 2.5], "vllm-serve": [2.0, 2.0, 2.0]})
     row = rows[0]
-    for key in ("cell", "path", "repeat", "position", "wall_s", "requests", "audio_s", "generated_tokens", "concurrency"):
+    for key in (
+        "cell",
+        "path",
+        "repeat",
+        "position",
+        "wall_s",
+        "requests",
+        "audio_s",
+        "generated_tokens",
+        "concurrency",
+    ):
         assert key in row
     assert row["requests"] == 64 and row["audio_s"] == 64 * 12.0 and row["concurrency"] == 16
     assert row["audio_s_per_s"] == pytest.approx(64 * 12.0 / 2.0)
@@ -93,7 +110,20 @@ def test_ratios_pair_blocks_of_the_same_repeat() -> None:
     direct = summary["paths"]["direct"]["audio_s_per_s"]
     assert direct["median"] == pytest.approx(64 * 12.0 / 2.0) and direct["min"] == pytest.approx(64 * 12.0 / 4.0)
     assert summary["paths"]["gateway"]["cpu_ms_per_request"] == pytest.approx(10.0)
-    assert summary["gateway_own_time_share"] == pytest.approx(0.005 / 1.0)
+    assert "gateway_extra_latency_share" in summary
+
+
+def test_own_time_is_the_paired_latency_difference() -> None:
+    cell = protocol_cells(["short-12s-c1"], paths=("direct", "gateway"))[0]
+    rows = []
+    for repeat, (d, g) in enumerate([(0.30, 0.31), (0.40, 0.41), (0.30, 0.33)]):
+        for path, latency in (("direct", d), ("gateway", g)):
+            rows.append(block_row(cell=cell, path=path, repeat=repeat, position=0, wall_s=latency * 10,
+                                  records=_records(cell.num_requests, cell.output_tokens, latency=latency)))
+    [summary] = summarize_cells(rows)
+    extra = summary["gateway_extra_latency_s"]
+    assert extra["median"] == pytest.approx(0.01) and extra["max"] == pytest.approx(0.03)
+    assert summary["gateway_extra_latency_share"] == pytest.approx(0.01 / 0.30)
 
 
 def test_a_failed_or_short_block_is_left_out_and_flagged() -> None:
@@ -102,8 +132,15 @@ def test_a_failed_or_short_block_is_left_out_and_flagged() -> None:
     failed["ok"] = failed["requests"] - 1
     short = next(r for r in rows if r["path"] == "vllm-serve" and r["repeat"] == 2)
     cell = protocol_cells(["short-12s-c16"], paths=protocol.PATHS)[0]
-    recount = block_row(cell=cell, path="vllm-serve", repeat=2, position=0, wall_s=2.0,
-                        records=_records(cell.num_requests, None), generated_tokens=cell.output_tokens * 64 - 3)
+    recount = block_row(
+        cell=cell,
+        path="vllm-serve",
+        repeat=2,
+        position=0,
+        wall_s=2.0,
+        records=_records(cell.num_requests, None),
+        generated_tokens=cell.output_tokens * 64 - 3,
+    )
     rows[rows.index(short)] = recount
     [summary] = summarize_cells(rows)
     assert summary["ratios"]["gateway/direct"]["n"] == 2
@@ -122,7 +159,9 @@ def test_report_renders_the_protocol_table() -> None:
 def test_protocol_cells_and_smoke() -> None:
     cells = protocol_cells(list(PROTOCOL_CELL_NAMES), paths=protocol.PATHS)
     assert [(c.name, c.concurrency, c.num_requests, c.output_tokens) for c in cells] == [
-        ("short-12s-c16", 16, 64, 153), ("short-12s-c64", 64, 192, 153), ("short-12s-c1", 1, 10, 153),
+        ("short-12s-c16", 16, 64, 153),
+        ("short-12s-c64", 64, 192, 153),
+        ("short-12s-c1", 1, 10, 153),
         ("long-600s-c8", 8, 8, 7650),
     ]
     smoke = protocol_cells(["short-12s-c64"], paths=("direct", "gateway"), smoke=True)[0]
@@ -134,7 +173,7 @@ def test_protocol_cells_and_smoke() -> None:
 def test_generation_tokens_from_metrics_text() -> None:
     text = (
         "# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
-        '# TYPE vllm:generation_tokens_total counter\n'
+        "# TYPE vllm:generation_tokens_total counter\n"
         'vllm:generation_tokens_total{engine="0",model_name="m"} 1530.0\n'
         'vllm:generation_tokens_total{engine="1",model_name="m"} 20.0\n'
         'vllm:prompt_tokens_total{engine="0",model_name="m"} 999.0\n'
@@ -156,9 +195,21 @@ def test_serve_flags_are_the_differing_engine_arguments() -> None:
         worker_extension_cls: str = ""
         served_model_name: str | None = None
 
-    args = Args(max_num_seqs=64, enforce_eager=True, enable_chunked_prefill=False,
-                limit_mm_per_prompt={"audio": {"count": 1}}, worker_extension_cls="x.Y", served_model_name="moss")
+    args = Args(
+        max_num_seqs=64,
+        enforce_eager=True,
+        enable_chunked_prefill=False,
+        limit_mm_per_prompt={"audio": {"count": 1}},
+        worker_extension_cls="x.Y",
+        served_model_name="moss",
+    )
     assert engine_cli_args(args, Args()) == [
-        "--max-num-seqs", "64", "--enforce-eager", "--no-enable-chunked-prefill",
-        "--limit-mm-per-prompt", '{"audio": {"count": 1}}', "--served-model-name", "moss",
+        "--max-num-seqs",
+        "64",
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--limit-mm-per-prompt",
+        '{"audio": {"count": 1}}',
+        "--served-model-name",
+        "moss",
     ]
