@@ -97,7 +97,11 @@ class ThroughputBench(EngineBench):
         self.serve = None
 
     def estimate_cell_s(self, cell: Cell) -> float:
-        return estimate_cell_s(cell) * self.repeats
+        """A cell starts when one repetition fits (run_cell stops early when the next one does not)."""
+        return estimate_cell_s(cell)
+
+    def _left_s(self) -> float:
+        return float(self.args.deadline_s) - (time.monotonic() - self.started)
 
     async def run(self) -> dict[str, Any]:
         if self.serve is not None:
@@ -152,7 +156,18 @@ class ThroughputBench(EngineBench):
                 )
                 wav.unlink(missing_ok=True)
 
+        repeat_started = time.monotonic()
         for repeat, position, path in schedule(cell.paths, self.repeats):
+            if position == 0 and repeat > 0:
+                last_repeat_s, repeat_started = time.monotonic() - repeat_started, time.monotonic()
+                if 1.15 * last_repeat_s > self._left_s():
+                    note = (
+                        f"{cell.name}: stopped after {repeat} of {self.repeats} repetitions "
+                        f"(one takes {last_repeat_s:.0f} s, {self._left_s():.0f} s left)"
+                    )
+                    logger.warning(note)
+                    self.result["skipped"].append(note)
+                    break
             pcms = self._audio(cell, n)
             files = (
                 [] if path == "direct" else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
@@ -233,7 +248,12 @@ class ThroughputBench(EngineBench):
 
         self.result["summary"] = summarize_cells(self.result["rows"])
         self.result["cells"].append(
-            {"cell": cell.as_dict(), "repeats": self.repeats, "elapsed_s": time.monotonic() - t_cell}
+            {
+                "cell": cell.as_dict(),
+                "repeats": self.repeats,
+                "repeats_done": len({r["repeat"] for r in self.result["rows"] if r["cell"] == cell.name}),
+                "elapsed_s": time.monotonic() - t_cell,
+            }
         )
         try:
             cell_dir.rmdir()
