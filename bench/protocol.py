@@ -145,16 +145,22 @@ def _own_time(record: dict[str, Any]) -> float | None:
     return float(latency) - float(ttft) - float(decode)
 
 
-def _throughput(row: dict[str, Any]) -> float | None:
+def _throughput(row: dict[str, Any], *, forced: bool = False) -> float | None:
+    """A block's audio-s/s when every request was answered (and, with `forced`, at the forced length)."""
     value = row.get("audio_s_per_s")
-    return None if value is None or not row.get("ok") or row.get("ok") != row.get("requests") else float(value)
+    if value is None or not row.get("ok") or row.get("ok") != row.get("requests"):
+        return None
+    if forced and not row.get("forced_length_ok"):
+        return None
+    return float(value)
 
 
 def summarize_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per cell: per path the throughput over repetitions, and the per-repetition ratios.
 
     A ratio of repetition r needs both paths' blocks of repetition r with every request
-    answered; a failed block leaves that repetition out of that ratio (and says so in n)."""
+    answered at the forced length; any other block leaves that repetition out of that ratio
+    (and says so in n). The per-path throughput keeps blocks of another length, flagged."""
     cells: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         cells.setdefault(row["cell"], []).append(row)
@@ -193,7 +199,8 @@ def summarize_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 continue
             per_repeat = {}
             for repeat in sorted(set(by_path[num]) & set(by_path[den])):
-                a, b = _throughput(by_path[num][repeat]), _throughput(by_path[den][repeat])
+                a = _throughput(by_path[num][repeat], forced=True)
+                b = _throughput(by_path[den][repeat], forced=True)
                 if a is not None and b:
                     per_repeat[repeat] = a / b
             ratios[label] = {**spread(list(per_repeat.values())), "per_repeat": per_repeat}

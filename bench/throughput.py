@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -272,7 +273,12 @@ def _without(cell: Cell, path: str) -> Cell:
     return replace(cell, paths=tuple(p for p in cell.paths if p != path))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: vllm serve is stopped, results saved
+
+
 def run_throughput(args: Any, cells: list[Cell], out_path: Path) -> dict[str, Any]:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `timeout` on the device sends SIGTERM first
     bench = ThroughputBench(args, cells, out_path)
     with _runner() as runner:
         return runner.run(bench.run())

@@ -123,6 +123,10 @@ class VllmServe:
 
     def start(self) -> None:
         env = {**os.environ, **SERVE_ENV}
+        # Its own compile cache: both engines start at the same time with the same configuration hash,
+        # and two processes writing one torch.compile cache entry at once is a race we need not run.
+        root = Path(os.environ.get("VLLM_CACHE_ROOT", "~/.cache/vllm")).expanduser()
+        env["VLLM_CACHE_ROOT"] = str(root / "bench-vllm-serve")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         self.started_at = time.monotonic()
@@ -131,7 +135,8 @@ class VllmServe:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # its engine core and API processes stop with it
+            start_new_session=True,  # its engine core and API processes stop with it (killpg)
+            preexec_fn=_die_with_parent,
         )
         log.close()
         logger.info("vllm serve started (pid %d): %s", self.process.pid, " ".join(self.argv))
@@ -181,6 +186,16 @@ class VllmServe:
             except ProcessLookupError:
                 pass
             process.wait(10)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the harness dies, however it dies (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _patch_version_lookup() -> None:

@@ -152,7 +152,10 @@ def test_a_failed_or_short_block_is_left_out_and_flagged() -> None:
     rows[rows.index(short)] = recount
     [summary] = summarize_cells(rows)
     assert summary["ratios"]["gateway/direct"]["n"] == 2
+    assert summary["ratios"]["gateway/vllm-serve"]["n"] == 1  # repeat 1: gateway failed; repeat 2: short
+    assert sorted(summary["ratios"]["vllm-serve/direct"]["per_repeat"]) == [0, 1]
     assert summary["paths"]["vllm-serve"]["forced_length_ok"] is False
+    assert summary["paths"]["vllm-serve"]["audio_s_per_s"]["n"] == 3  # shown, flagged
     text = report.render([{"kind": "throughput", "rows": rows}])
     assert "short-12s-c16/vllm-serve" in text and "(!length)" in text
 
