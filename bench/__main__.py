@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def throughput(args: argparse.Namespace) -> int:
-    from bench.protocol import MIN_REPEATS, PATHS
+    from bench.protocol import EXTRA_PATHS, MIN_REPEATS, PATHS
     from bench.throughput import run_throughput
     from bench.workloads import protocol_cells
 
@@ -194,9 +194,9 @@ def throughput(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.repeats < MIN_REPEATS:
         raise SystemExit(f"--repeats must be at least {MIN_REPEATS}")
-    unknown = [p for p in args.paths if p not in PATHS]
+    unknown = [p for p in args.paths if p not in PATHS + EXTRA_PATHS]
     if unknown:
-        raise SystemExit(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+        raise SystemExit(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
     if args.build_checkpoint:
         if args.model is None:
             raise SystemExit("--build-checkpoint needs --model DIR")

@@ -455,6 +455,7 @@ class EngineBench:
         instruction: str,
         *,
         stream_deltas: bool = True,
+        want_logprobs: int | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
         from service.engine.protocol import GenerationRequest
 
@@ -468,6 +469,7 @@ class EngineBench:
                 max_tokens=max_tokens,
                 ignore_eos=True,
                 stream_deltas=stream_deltas,
+                want_logprobs=want_logprobs,
             )
             started = time.perf_counter()
             first = None

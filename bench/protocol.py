@@ -24,6 +24,10 @@ from typing import Any
 #: `gateway`: the real gateway over HTTP on loopback; `vllm-serve`: vLLM's own OpenAI server
 #: (a separate process on the same engine settings), its transcription endpoint.
 PATHS = ("direct", "gateway", "vllm-serve")
+#: Diagnostic paths (`--paths` may name them; not part of the ratios): `direct-top5` is `direct` asking
+#: for the top-5 log-probabilities of every token, `gateway-verbose` the gateway asked for
+#: `verbose_json` -- the pair the benchmark compared before this protocol (see docs/benchmarks.md).
+EXTRA_PATHS = ("direct-top5", "gateway-verbose")
 MIN_REPEATS = 3
 
 #: The ratios the report gives: (name, numerator path, denominator path).
@@ -282,6 +286,7 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
 
 
 __all__ = [
+    "EXTRA_PATHS",
     "MIN_REPEATS",
     "PATHS",
     "RATIOS",

@@ -146,9 +146,16 @@ class ThroughputBench(EngineBench):
         # warm-up: one request of this shape per path (kernels, allocator, graphs, connections)
         for path in cell.paths:
             pcm = self._audio(cell, 1)[0]
-            if path == "direct":
+            if path.startswith("direct"):
                 await self.direct_block(
-                    engine, [pcm16_to_float(pcm)], 1, 1, cell.warmup_tokens, instruction, stream_deltas=False
+                    engine,
+                    [pcm16_to_float(pcm)],
+                    1,
+                    1,
+                    cell.warmup_tokens,
+                    instruction,
+                    stream_deltas=False,
+                    want_logprobs=_logprobs(path),
                 )
             else:
                 wav = write_wav(cell_dir / f"warmup-{path}.wav", pcm)
@@ -171,13 +178,15 @@ class ThroughputBench(EngineBench):
                     break
             pcms = self._audio(cell, n)
             files = (
-                [] if path == "direct" else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
+                []
+                if path.startswith("direct")
+                else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
             )
-            audios = [pcm16_to_float(p) for p in pcms] if path == "direct" else []
+            audios = [pcm16_to_float(p) for p in pcms] if path.startswith("direct") else []
             tokens_before = await self.serve.generation_tokens() if path == "vllm-serve" else None
             serve_cpu = process_cpu_s(self.serve.process.pid) if path == "vllm-serve" else None
             cpu_started, loop_started = time.process_time(), time.thread_time()
-            if path == "direct":
+            if path.startswith("direct"):
                 wall, records = await self.direct_block(
                     engine,
                     audios,
@@ -186,6 +195,7 @@ class ThroughputBench(EngineBench):
                     cell.output_tokens,
                     instruction,
                     stream_deltas=False,
+                    want_logprobs=_logprobs(path),
                 )
             elif path == "gateway":
                 with self.profiler:
@@ -264,9 +274,15 @@ class ThroughputBench(EngineBench):
     def _target(self, path: str) -> dict[str, Any] | None:
         if path == "gateway":
             return {"response_format": "json"}  # what vllm serve is asked for too: no log-probabilities
+        if path == "gateway-verbose":
+            return {"response_format": "verbose_json"}  # top-5 log-probabilities per token, segment stats
         if path == "vllm-serve" and self.serve is not None:
             return {"url": self.serve.url, "token": None, "kind": "vllm", "model": self.serve_model, "stream": False}
         raise ValueError(f"no HTTP target for path {path}")
+
+
+def _logprobs(path: str) -> int | None:
+    return 5 if path == "direct-top5" else None
 
 
 def _without(cell: Cell, path: str) -> Cell:
