@@ -60,7 +60,9 @@ unpack_bundle() {
 }
 
 protocol() {  # $1: cells, $2: output file
-  python3 -c "import vllm, fastapi, pydantic, uvicorn, av, cloudpickle, jmespath; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
+  python3 -c "import vllm, fastapi, pydantic, uvicorn, av; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
+  python3 -c "import cloudpickle, jmespath, supervisor, model_hosting_container_standards" \
+    || echo "WARNING: the bundle lacks a wheel vllm serve needs (re-run prepare.sh); the vllm-serve path will be skipped"
   if ! python3 -c "import soundfile" 2>/dev/null; then  # call a did not run on this machine
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl || true
   fi
