@@ -5,12 +5,15 @@
     python -m bench run --workload reference  --model DIR --out results/reference.json
     python -m bench checkpoint --out DIR --device cuda      # the full-size random checkpoint
     python -m bench report results/*.json [--markdown]
+    python -m bench throughput --model DIR --out results/short.json --repeats 3 [engine options]
 
 Each ``run`` prints the table and writes JSON (rows, per-request records, the
 backend identity, the qualification). Workloads: ``short`` (12 s clips at
 concurrency 1, 4, 16, 64), ``long`` (300 s and 600 s clips at 1 and 8),
 ``program`` (the 2861.5 s program at 1), ``reference`` (Transformers, 12 s and
 300 s). ``--smoke`` shrinks every cell for a CPU run on the tiny checkpoint.
+``throughput`` is the interleaved protocol of issue 13 (``bench.protocol``,
+``bench.throughput``): direct, gateway and ``vllm serve`` in every repetition.
 """
 
 from __future__ import annotations
@@ -35,12 +38,6 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workload", type=_workloads, required=True, help="comma-separated: short, long, program, reference"
     )
-    p.add_argument("--model", type=Path, default=None, help="checkpoint folder (unset: the embedded tiny checkpoint)")
-    p.add_argument(
-        "--build-checkpoint", action="store_true", help="build the full-size random checkpoint into --model first"
-    )
-    p.add_argument("--checkpoint-device", default="cuda")
-    p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--cells", type=_workloads, default=None, help="comma-separated cell names: run only these, in this order"
     )
@@ -53,6 +50,40 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "(stream_deltas=False, what the gateway asks for unstreamed short passes)",
     )
     p.add_argument("--add-path-min-concurrency", type=int, default=1, help="add --add-path only from this concurrency")
+    _add_engine_options(p)
+
+
+def _add_throughput(sub: argparse._SubParsersAction) -> None:
+    from bench.protocol import MIN_REPEATS, PATHS
+    from bench.workloads import PROTOCOL_CELL_NAMES
+
+    p = sub.add_parser(
+        "throughput",
+        help="the interleaved protocol (issue 13): every path of a cell in every repetition, order rotated",
+    )
+    p.add_argument(
+        "--cells",
+        type=_workloads,
+        default=list(PROTOCOL_CELL_NAMES),
+        help=f"comma-separated, in this order (default: {','.join(PROTOCOL_CELL_NAMES)})",
+    )
+    p.add_argument("--repeats", type=int, default=MIN_REPEATS, help=f"repetitions per cell (at least {MIN_REPEATS})")
+    p.add_argument("--paths", type=_workloads, default=list(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    p.add_argument(
+        "--api-server-count", type=int, default=None, help="vllm serve --api-server-count (unset: its default, 1)"
+    )
+    p.add_argument("--serve-log", type=Path, default=None, help="vllm serve's log (default: next to --out)")
+    _add_engine_options(p)
+    p.set_defaults(workload=["protocol"])
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=None, help="checkpoint folder (unset: the embedded tiny checkpoint)")
+    p.add_argument(
+        "--build-checkpoint", action="store_true", help="build the full-size random checkpoint into --model first"
+    )
+    p.add_argument("--checkpoint-device", default="cuda")
+    p.add_argument("--out", type=Path, required=True)
     p.add_argument("--smoke", action="store_true", help="CPU-sized cells (tiny checkpoint)")
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--deadline-s", type=float, default=540.0, help="skip cells that cannot finish before this")
@@ -126,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    _add_throughput(sub)
     c = sub.add_parser("checkpoint", help="build the full-size random-weight checkpoint")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--device", default="cuda")
@@ -148,7 +180,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         print(report.render(report.load(args.files), markdown=args.markdown))
         return 0
+    if args.command == "throughput":
+        return throughput(args)
     return run(args)
+
+
+def throughput(args: argparse.Namespace) -> int:
+    from bench.protocol import EXTRA_PATHS, MIN_REPEATS, PATHS
+    from bench.throughput import run_throughput
+    from bench.workloads import protocol_cells
+
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.repeats < MIN_REPEATS:
+        raise SystemExit(f"--repeats must be at least {MIN_REPEATS}")
+    unknown = [p for p in args.paths if p not in PATHS + EXTRA_PATHS]
+    if unknown:
+        raise SystemExit(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS + EXTRA_PATHS)}")
+    if args.build_checkpoint:
+        if args.model is None:
+            raise SystemExit("--build-checkpoint needs --model DIR")
+        from bench.checkpoint import ensure_fullsize_checkpoint
+
+        ensure_fullsize_checkpoint(args.model, device=args.checkpoint_device)
+    cells = protocol_cells(args.cells, paths=tuple(args.paths), smoke=args.smoke)
+    result = run_throughput(args, cells, args.out)
+    print("\n" + report.render([result]), flush=True)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,10 @@ loop). Non-streaming requests ask for ``verbose_json`` so that each response
 carries the gateway's own timings; streaming requests note the arrival of the
 first ``transcript.text.delta`` event (the client-side time to first token).
 
+``"kind": "vllm"`` drives vLLM's own server instead (``vllm serve``): its form
+(``model``, ``max_completion_tokens``, ``json``), no token, no evidence; its
+generated tokens are counted from its ``/metrics`` by the caller.
+
 Only the standard library and httpx are needed (both on the GPU host).
 """
 
@@ -24,6 +28,14 @@ import httpx
 
 
 def _form(spec: dict[str, Any]) -> dict[str, str]:
+    if spec.get("kind") == "vllm":
+        # vLLM's own server: no ignore_eos over HTTP (its /metrics counts the tokens), no moss evidence
+        return {
+            "model": spec["model"],
+            "max_completion_tokens": str(spec["output_tokens"]),
+            "temperature": "0",
+            "response_format": "json",
+        }
     form = {
         "max_completion_tokens": str(spec["output_tokens"]),
         "ignore_eos": "true",
@@ -32,13 +44,15 @@ def _form(spec: dict[str, Any]) -> dict[str, str]:
     if spec.get("stream"):
         form.update(stream="true", response_format="json")
     else:
-        form["response_format"] = "verbose_json"
+        # verbose_json carries the gateway's timings but makes it ask the engine for log-probabilities
+        # (its segments' avg_logprob): the interleaved protocol asks for plain json, as vllm serve gets
+        form["response_format"] = spec.get("response_format", "verbose_json")
     return form
 
 
 async def _one(client: httpx.AsyncClient, spec: dict[str, Any], index: int, payload: bytes) -> dict[str, Any]:
     url = spec["url"].rstrip("/") + "/v1/audio/transcriptions"
-    headers = {"Authorization": f"Bearer {spec['token']}"}
+    headers = {"Authorization": f"Bearer {spec['token']}"} if spec.get("token") else {}
     files = {"file": (f"clip-{index}.wav", payload, "audio/wav")}
     record: dict[str, Any] = {"index": index}
     started = time.perf_counter()
@@ -70,9 +84,13 @@ async def _one(client: httpx.AsyncClient, spec: dict[str, Any], index: int, payl
         done = time.perf_counter()
         record["status"] = response.status_code
         moss = {}
-        if response.status_code == 200:
+        if response.status_code == 200 and spec.get("kind") == "vllm":
+            record["text_chars"] = len(response.json().get("text") or "")
+        elif response.status_code == 200:
             moss = response.json().get("moss") or {}
             record["header_generated_tokens"] = int(response.headers.get("x-moss-generated-tokens", "-1"))
+            if not moss:  # plain json: the count is in the evidence headers
+                moss = {"tokens": {"generated": record["header_generated_tokens"]}}
             record["qualification_id"] = response.headers.get("x-moss-qualification-id")
         else:
             record["error"] = response.text[:2000]

@@ -295,7 +295,7 @@ class EngineBench:
             self.sampler.start()
             for cell in self.cells:
                 remaining = self.args.deadline_s - (time.monotonic() - self.started)
-                estimate = estimate_cell_s(cell)
+                estimate = self.estimate_cell_s(cell)
                 if estimate > remaining:
                     note = f"{cell.name}: skipped, about {estimate:.0f} s needed and {remaining:.0f} s left"
                     logger.warning(note)
@@ -319,6 +319,9 @@ class EngineBench:
             except (TimeoutError, Exception) as exc:  # the results are already saved
                 logger.warning("gateway shutdown did not finish cleanly: %r", exc)
         return self.result
+
+    def estimate_cell_s(self, cell: Cell) -> float:
+        return estimate_cell_s(cell)
 
     def _qualification_summary(self, state: Any) -> dict[str, Any] | None:
         from qualification.records import RecordStore
@@ -392,6 +395,7 @@ class EngineBench:
                         wall, records = await self.gateway_block(
                             cell, files, cell.concurrency, per_block, cell.output_tokens, f"b{block}"
                         )
+                    self.profiler.requests += len(records)
                     for f in files:
                         f.unlink(missing_ok=True)
                 elif path_name in ("direct", "direct-final"):
@@ -451,6 +455,7 @@ class EngineBench:
         instruction: str,
         *,
         stream_deltas: bool = True,
+        want_logprobs: int | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
         from service.engine.protocol import GenerationRequest
 
@@ -464,6 +469,7 @@ class EngineBench:
                 max_tokens=max_tokens,
                 ignore_eos=True,
                 stream_deltas=stream_deltas,
+                want_logprobs=want_logprobs,
             )
             started = time.perf_counter()
             first = None
@@ -542,9 +548,18 @@ class EngineBench:
         return await closed_loop(one, records, concurrency, per_worker)
 
     async def gateway_block(
-        self, cell: Cell, files: list[Path], concurrency: int, per_worker: int, max_tokens: int, label: str
+        self,
+        cell: Cell,
+        files: list[Path],
+        concurrency: int,
+        per_worker: int,
+        max_tokens: int,
+        label: str,
+        *,
+        target: dict[str, Any] | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
-        spec = {
+        """The HTTP client process against the gateway (or, with `target`, another server: url, kind...)."""
+        spec: dict[str, Any] = {
             "url": self.url,
             "token": self.token,
             "files": [str(f) for f in files],
@@ -552,6 +567,7 @@ class EngineBench:
             "requests_per_worker": per_worker,
             "output_tokens": max_tokens,
             "stream": cell.stream,
+            **(target or {}),
         }
         spec_path = self.work / f"{cell.name}-{label}-spec.json"
         out_path = self.work / f"{cell.name}-{label}-out.json"

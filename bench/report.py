@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import protocol
 from bench.checkpoint import decoder_weight_bytes, kv_bytes_per_token
 from bench.workloads import PROGRAM_OUTPUT_TOKENS
 
@@ -173,6 +174,30 @@ def _ms_delta(value: Any) -> str:
 
 
 def render(results: list[dict[str, Any]], *, markdown: bool = False) -> str:
+    """The table of `results`; the interleaved protocol's files (kind "throughput") get its summary."""
+    interleaved = [r for r in results if r.get("kind") == "throughput"]
+    others = [r for r in results if r.get("kind") != "throughput"]
+    parts = [render_protocol(interleaved, markdown=markdown)] if interleaved else []
+    if others:
+        parts.append(render_runs(others, markdown=markdown))
+    return "\n\n".join(parts)
+
+
+def render_protocol(results: list[dict[str, Any]], *, markdown: bool = False) -> str:
+    """Per cell: median throughput per path and the median ratios with their spread, from the raw rows."""
+    rows = rows_of(results)
+    lines = [protocol.render(protocol.summarize_cells(rows), markdown=markdown)]
+    for result in results:
+        lines += [f"skipped: {note}" for note in result.get("skipped", [])]
+        if result.get("error"):
+            lines.append(f"error: {result['error']}")
+    bad = sorted({(r["cell"], r["path"]) for r in rows if not r.get("forced_length_ok")})
+    if bad:
+        lines.append("output length not the forced one (or requests failed) in: " + ", ".join(f"{c}/{p}" for c, p in bad))
+    return "\n".join(lines)
+
+
+def render_runs(results: list[dict[str, Any]], *, markdown: bool = False) -> str:
     parts = [markdown_table(results) if markdown else text_table(results)]
     if markdown and overhead_rows(results):
         parts.append(overhead_markdown(results))

@@ -172,6 +172,7 @@ __all__ = [
     "ENGINE_WORKLOADS",
     "OUTPUT_TOKENS_PER_AUDIO_SECOND",
     "PROGRAM_DURATION_S",
+    "PROTOCOL_CELL_NAMES",
     "PROGRAM_OUTPUT_TOKENS",
     "WORKLOADS",
     "audio_tokens",
@@ -180,6 +181,29 @@ __all__ = [
     "describe_cell",
     "noise_pcm16",
     "pcm16_to_float",
+    "protocol_cells",
     "wav_bytes",
     "write_wav",
 ]
+
+
+# -- the interleaved protocol (issue 13) ------------------------------------
+#: The protocol's cells, in their default order: the two concurrency cells the goal is about
+#: first, then one stream (own time per request), then 600 s x 8.
+PROTOCOL_CELL_NAMES = ("short-12s-c16", "short-12s-c64", "short-12s-c1", "long-600s-c8")
+
+
+def protocol_cells(names: list[str] | tuple[str, ...], *, paths: tuple[str, ...], smoke: bool = False) -> list[Cell]:
+    """The named protocol cells (in the given order), each measuring `paths` in every repetition."""
+    short, long = density_tokens(12.0), density_tokens(600.0)
+    every = {
+        "short-12s-c16": Cell("short-12s-c16", "short", 12.0, 16, 4, short, paths=paths, warmup_tokens=short),
+        "short-12s-c64": Cell("short-12s-c64", "short", 12.0, 64, 3, short, paths=paths, warmup_tokens=short),
+        "short-12s-c1": Cell("short-12s-c1", "short", 12.0, 1, 10, short, paths=paths, warmup_tokens=short),
+        "long-600s-c8": Cell("long-600s-c8", "long", 600.0, 8, 1, long, paths=paths),
+    }
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ValueError(f"unknown protocol cell(s) {', '.join(unknown)}; choose from {', '.join(every)}")
+    cells = [every[n] for n in names]
+    return [smoke_cell(c) for c in cells] if smoke else cells

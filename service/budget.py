@@ -9,7 +9,7 @@ with the numbers that decided it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from service.errors import ErrorCode, GatewayError
@@ -46,7 +46,7 @@ class TokenBudget:
     max_model_len: int
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # scalar fields only: no recursive deep copy (asdict)
 
 
 def audio_token_count(num_samples: int, *, window_samples: int = 480_000, samples_per_token: int = 1280) -> int:

@@ -7,7 +7,7 @@ a model that chose to stop from a cap that stopped it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,7 +40,7 @@ class StopRecord:
     max_model_len: int
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # scalar fields only: no recursive deep copy (asdict)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Coverage:
     incomplete_tail: str
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # scalar fields only: no recursive deep copy (asdict)
 
 
 def classify_stop(

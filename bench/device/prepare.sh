@@ -17,7 +17,8 @@ mkdir -p "$W"/vllm "$W"/small "$W"/early .whl/early
 "${DL[@]}" -d "$W"/vllm vllm==0.26.0
 echo "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de  $(ls "$W"/vllm/vllm-0.26.0-*.whl)" | sha256sum -c
 # 2. vLLM's run-time set as bench-host.md lists it, plus the gateway's own packages (pyproject pins).
-#    openai stays on 2.x (3.x needs httpx2); compressed-tensors needs loguru.
+#    openai stays on 2.x (3.x needs httpx2); compressed-tensors needs loguru. The last four are what
+#    `vllm serve` (the protocol's reference server, bench/device/throughput.sh) needs on top (bench-host.md).
 for p in aiocontextvars annotated-types astor blake3 cachetools cbor2 cffi compressed-tensors==0.17.0 depyf==0.20.0 \
          dill fastapi==0.136.3 ijson interegular jiter jsonschema jsonschema-specifications lark==1.2.2 \
          llguidance==1.7.6 lm-format-enforcer==0.11.3 msgspec openai==2.54.0 openai-harmony opentelemetry-api \
@@ -26,7 +27,8 @@ for p in aiocontextvars annotated-types astor blake3 cachetools cbor2 cffi compr
          pydantic==2.14.4 pydantic-core==2.50.5 python-json-logger pyzmq referencing rpds-py setproctitle sniffio \
          starlette==1.10.0 typing-inspection watchfiles xgrammar mistral-common pydantic-extra-types pycountry \
          apache-tvm-ffi==0.1.15.post2 uvicorn==0.54.0 pydantic-settings==2.16.3 python-dotenv \
-         python-multipart==0.0.34 soundfile==0.14.0 soxr==1.1.0 av==18.1.0 loguru distro sse-starlette==3.7.0 anyio; do
+         python-multipart==0.0.34 soundfile==0.14.0 soxr==1.1.0 av==18.1.0 loguru distro \
+         model-hosting-container-standards jmespath supervisor cloudpickle sse-starlette==3.7.0 anyio; do
   "${DL[@]}" -d "$W"/small "$p"
 done
 for p in soundfile==0.14.0 cffi pycparser typing_extensions httptools==0.9.0; do "${DL[@]}" -d "$W"/early "$p"; done

@@ -37,6 +37,41 @@ def test_json_format_has_text_usage_and_backend(fake_client: AppFactory) -> None
     assert engine.requests[0].temperature == 0.0
 
 
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"])
+def test_evidence_is_built_only_for_formats_that_carry_it(fake_client: AppFactory, monkeypatch, fmt: str) -> None:
+    """The `moss` object costs CPU on the event loop: json, text and subtitles never show it, so never build it."""
+    from service.transcription.accountant import Accountant
+
+    built = []
+    original = Accountant.evidence
+
+    def counting(self, outcome, backend):  # type: ignore[no-untyped-def]
+        built.append(fmt)
+        return original(self, outcome, backend)
+
+    monkeypatch.setattr(Accountant, "evidence", counting)
+    client, _ = fake_client()
+    response = post(client, make_wav(4.0), response_format=fmt)
+    assert response.status_code == 200, response.text
+    carries = fmt in ("verbose_json", "diarized_json")
+    assert ('"moss"' in response.text) is carries
+    assert len(built) == (1 if carries else 0)
+
+
+def test_evidence_records_as_dict_match_dataclasses_asdict() -> None:
+    """The shallow `as_dict` (no deep copy) must stay what `dataclasses.asdict` gives: scalar fields only."""
+    import dataclasses
+
+    from service.budget import TokenBudget
+    from service.evidence import Coverage, StopRecord
+
+    for cls in (TokenBudget, StopRecord, Coverage):
+        values = {f.name: (f"v-{f.name}" if f.type in ("str", "str | None") else 1) for f in dataclasses.fields(cls)}
+        record = cls(**values)
+        assert record.as_dict() == dataclasses.asdict(record)
+        assert list(record.as_dict()) == [f.name for f in dataclasses.fields(cls)]
+
+
 def test_text_format_is_plain_text(fake_client: AppFactory) -> None:
     client, _ = fake_client()
     response = post(client, make_wav(4.0), response_format="text")

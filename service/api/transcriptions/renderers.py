@@ -46,6 +46,10 @@ MEDIA_TYPES = {
 }
 
 
+#: The response formats whose body carries the `moss` evidence object (the others have headers only).
+EVIDENCE_FORMATS = frozenset({ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON})
+
+
 def segment_id(segment: int) -> str:
     return f"seg_{segment}"
 
@@ -71,7 +75,7 @@ def logprob_entries(logprobs: tuple[TokenLogprob, ...] | None) -> list[dict[str,
 
 
 def render_body(outcome: Outcome, backend: BackendTag, evidence: dict[str, Any]) -> dict[str, Any] | str:
-    """The response body in the requested format."""
+    """The response body in the requested format (`evidence` is read for `EVIDENCE_FORMATS` only)."""
     params = outcome.job.params
     fmt, transcript = params.response_format, outcome.transcript
     if fmt is ResponseFormat.TEXT:

@@ -27,6 +27,7 @@ from service.api.transcriptions.protocol import (
     wants_admin,
 )
 from service.api.transcriptions.renderers import (
+    EVIDENCE_FORMATS,
     MEDIA_TYPES,
     evidence_headers,
     render_body,
@@ -121,7 +122,9 @@ class TranscriptionServing:
 
     def _respond(self, outcome: Outcome) -> Response:
         backend = self.state.gate.tag()
-        evidence = self.pipeline.accountant.evidence(outcome, backend)
+        # json, text and the subtitle formats carry no `moss` object: build it only for those that do
+        wants_evidence = outcome.job.params.response_format in EVIDENCE_FORMATS
+        evidence = self.pipeline.accountant.evidence(outcome, backend) if wants_evidence else {}
         body = render_body(outcome, backend, evidence)
         headers = evidence_headers(outcome, backend)
         if isinstance(body, str):
