@@ -12,6 +12,8 @@ is what a user of the API gets. One concept per module:
 - `metrics`: CER/WER, cpCER/cpWER, DER/JER, boundaries, speakers, coverage, drift;
 - `stats`: seeded bootstrap confidence intervals and the paired bootstrap test;
 - `windows`: frozen cut points and the gold and audio of each window;
+- `protocol`: the scoring parameters recorded with each report;
+- `arguments`, `command`: the `moss-gateway evaluate` subcommand;
 - `client`: one transcription request per track, with its stop evidence and backend;
 - `runner`: runs a manifest and scores it;
 - `report`: report.json and the Markdown report;

@@ -32,7 +32,8 @@ from typing import Any
 from service.evaluation import metrics, normalise
 from service.evaluation.errors import EvaluationError
 from service.evaluation.metrics import Ratio
-from service.evaluation.runner import Protocol, Run, Unit
+from service.evaluation.protocol import Protocol
+from service.evaluation.runner import Run, Unit
 from service.evaluation.stats import Bootstrap
 
 SCHEMA = "moss-gateway-evaluation/1"

@@ -18,21 +18,9 @@ from service.evaluation import metrics, windows
 from service.evaluation.client import GatewayClient, Transcription
 from service.evaluation.gold import Gold, Turn, read_gold
 from service.evaluation.manifest import Item
+from service.evaluation.protocol import Protocol
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """The scoring parameters of one run; written into the report so a number can be re-derived."""
-
-    collar_s: float = 0.25
-    window_s: float = 600.0
-    bin_s: float = 60.0
-    bootstrap_samples: int = 1000
-    seed: int = 20261130
-    confidence: float = 0.95
-    max_completion_tokens: int | None = None
 
 
 @dataclass
