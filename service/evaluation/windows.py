@@ -52,7 +52,7 @@ def cut_points(duration_s: float, window_s: float, frozen: Sequence[float] | Non
 
 
 def cuts_sha256(points: Sequence[float]) -> str:
-    return hashlib.sha256(json.dumps([round(p, 6) for p in points]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([round(float(p), 6) for p in points]).encode()).hexdigest()
 
 
 def windows(points: Sequence[float]) -> list[Window]:
