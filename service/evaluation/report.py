@@ -127,8 +127,8 @@ def _interval(entry: dict[str, Any], percent: bool) -> str:
 
 _LABELS = {
     "cer": ("CER", True), "wer": ("WER", True), "cpcer": ("cpCER", True), "cpwer": ("cpWER", True),
-    "der": ("DER", True), "jer": ("JER", True), "start_error_s": ("mean |start error| (s)", False),
-    "end_error_s": ("mean |end error| (s)", False), "speaker_count_abs_error": ("mean |speaker count error|", False),
+    "der": ("DER", True), "jer": ("JER", True), "start_error_s": ("mean absolute start error (s)", False),
+    "end_error_s": ("mean absolute end error (s)", False), "speaker_count_abs_error": ("mean absolute speaker count error", False),
     "tail_coverage": ("tail coverage", True),
 }
 

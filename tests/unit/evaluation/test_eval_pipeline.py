@@ -98,6 +98,9 @@ def test_report_markdown_plots_and_compare(manifest: Path, tmp_path: Path) -> No
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
     text = md_path.read_text()
     assert "## Track: native" in text and "## Track: chunked" in text and "fp-test" in text
+    # every table row has as many cells as its header (no stray "|" inside a cell)
+    for table in [block for block in text.split("\n\n") if block.startswith("| ")]:
+        assert len({row.count("|") for row in table.splitlines()}) == 1, table
     assert report.load(json_path)["tracks"]["native"]["overall"]["der"] == 0
     # native against chunked on the one item both scored: cpWER 0 vs 4/6
     out = tmp_path / "cmp"
