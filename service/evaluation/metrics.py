@@ -22,6 +22,9 @@ resample items (`stats.py`). Definitions, stated once here and in the report:
 - boundaries: each gold turn is paired with the hypothesis segment that overlaps
   it most in time (any speaker); start and end error are hypothesis minus gold
   seconds; unpaired gold turns are counted, not scored.
+- speaker consistency (speaker stability along a program): over paired turns, the share
+  labelled with the hypothesis speaker their gold speaker is most often paired with; a
+  speaker split in two halfway through (a relabelling, a chunk boundary) lowers it.
 - speaker count error: hypothesis speakers minus gold speakers.
 - tail coverage: end of the last hypothesis segment over end of the last gold turn (at most 1).
 - coverage over time: per time bin, the share of gold speech time covered by any hypothesis segment.
@@ -31,6 +34,7 @@ resample items (`stats.py`). Definitions, stated once here and in the report:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -197,6 +201,7 @@ class Boundaries:
     end_abs: Ratio
     paired: int
     gold_turns: int
+    consistency: Ratio  # paired turns under their gold speaker's dominant hypothesis speaker, over paired turns
     drift: list[tuple[float, float]] = field(default_factory=list)  # (gold start, hyp start - gold start)
 
 
@@ -204,6 +209,7 @@ def boundaries(gold: Sequence[Turn], hypothesis: Sequence[Turn]) -> Boundaries:
     """Pair each gold turn with the hypothesis segment overlapping it most; start/end errors and drift."""
     start_sum = end_sum = 0.0
     drift: list[tuple[float, float]] = []
+    labels: dict[str, Counter[str]] = {}
     for turn in gold:
         best, best_overlap = None, 0.0
         for segment in hypothesis:
@@ -215,8 +221,11 @@ def boundaries(gold: Sequence[Turn], hypothesis: Sequence[Turn]) -> Boundaries:
         start_sum += abs(best.start - turn.start)
         end_sum += abs(best.end - turn.end)
         drift.append((turn.start, round(best.start - turn.start, 6)))
+        labels.setdefault(turn.speaker, Counter())[best.speaker] += 1
     paired = len(drift)
-    return Boundaries(Ratio(round(start_sum, 6), paired), Ratio(round(end_sum, 6), paired), paired, len(gold), drift)
+    dominant = sum(max(counts.values()) for counts in labels.values())
+    return Boundaries(Ratio(round(start_sum, 6), paired), Ratio(round(end_sum, 6), paired), paired, len(gold),
+                      Ratio(dominant, paired), drift)
 
 
 def speaker_count_error(gold: Sequence[Turn], hypothesis: Sequence[Turn]) -> int:

@@ -38,7 +38,10 @@ from service.evaluation.stats import Bootstrap
 
 SCHEMA = "moss-gateway-evaluation/1"
 TEXT_METRICS = ("cer", "wer", "cpcer", "cpwer")
-POOLED_METRICS = (*TEXT_METRICS, "der", "jer", "start_error_s", "end_error_s", "speaker_count_abs_error", "tail_coverage")
+POOLED_METRICS = (
+    *TEXT_METRICS, "der", "jer", "start_error_s", "end_error_s", "speaker_count_abs_error", "speaker_consistency",
+    "tail_coverage",
+)
 HEADLINE = ("cer", "wer", "cpcer", "cpwer", "der", "jer")
 
 
@@ -129,6 +132,7 @@ _LABELS = {
     "cer": ("CER", True), "wer": ("WER", True), "cpcer": ("cpCER", True), "cpwer": ("cpWER", True),
     "der": ("DER", True), "jer": ("JER", True), "start_error_s": ("mean absolute start error (s)", False),
     "end_error_s": ("mean absolute end error (s)", False), "speaker_count_abs_error": ("mean absolute speaker count error", False),
+    "speaker_consistency": ("speaker consistency", True),
     "tail_coverage": ("tail coverage", True),
 }
 

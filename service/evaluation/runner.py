@@ -76,6 +76,7 @@ def score(gold: Gold, gold_turns: Sequence[Turn], transcription: Transcription, 
         start_error_s=_value(bounds.start_abs),
         end_error_s=_value(bounds.end_abs),
         boundary_pairs=bounds.paired,
+        speaker_consistency=_value(bounds.consistency),
         gold_turns=bounds.gold_turns,
         gold_speakers=len({t.speaker for t in gold_turns}),
         hyp_speakers=len({t.speaker for t in hyp}),
@@ -93,6 +94,7 @@ def score(gold: Gold, gold_turns: Sequence[Turn], transcription: Transcription, 
     counts["jer"] = dia.jer.as_dict()
     counts["start_error_s"] = bounds.start_abs.as_dict()
     counts["end_error_s"] = bounds.end_abs.as_dict()
+    counts["speaker_consistency"] = bounds.consistency.as_dict()
     counts["speaker_count_abs_error"] = metrics.Ratio(abs(speaker_error), 1).as_dict()
     if tail is not None:
         counts["tail_coverage"] = metrics.Ratio(tail, 1).as_dict()

@@ -144,6 +144,14 @@ def test_boundaries_and_drift() -> None:
     assert result.end_abs.value == pytest.approx(0.3)
     assert result.drift == [(1, 0.2), (4, -0.1)]
     assert boundaries(gold, []).paired == 0
+    assert result.consistency.value == 1.0
+
+
+def test_speaker_consistency_counts_turns_off_their_dominant_label() -> None:
+    # A's three turns paired with X, X, Y (dominant X: 2); B's two with Y, Y (2): 4 of 5 paired turns
+    gold = [Turn(0, 1, "A"), Turn(2, 3, "B"), Turn(4, 5, "A"), Turn(6, 7, "B"), Turn(8, 9, "A")]
+    hyp = [Turn(0, 1, "X"), Turn(2, 3, "Y"), Turn(4, 5, "X"), Turn(6, 7, "Y"), Turn(8, 9, "Y")]
+    assert boundaries(gold, hyp).consistency.value == pytest.approx(0.8)
     # offsets 0 s at 0 and 2 s at 3600 s: 2 s per hour
     assert drift_slope([(0.0, 0.0), (3600.0, 2.0)]) == pytest.approx(2.0)
 

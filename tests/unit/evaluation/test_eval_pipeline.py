@@ -110,3 +110,27 @@ def test_report_markdown_plots_and_compare(manifest: Path, tmp_path: Path) -> No
     assert result["metrics"]["cpwer"]["difference"] == pytest.approx(-4 / 6)
     assert result["metrics"]["cer"]["difference"] == 0 and result["metrics"]["cer"]["significant"] is False
     assert main(["evaluate", "--compare", str(json_path), str(json_path), "--tracks", "native:fast", "--out", str(out)]) == 2
+
+
+def test_requests_carry_the_api_key_the_format_and_the_track_choice(manifest: Path) -> None:
+    seen: list[httpx.Request] = []
+    inner = fake_gateway()
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return inner.handle_request(request)
+
+    with GatewayClient("http://fake", api_key="k1", transport=httpx.MockTransport(record)) as client:
+        client.transcribe("clip.wav", b"RIFF", "native")
+        client.transcribe("clip.wav", b"RIFF", "chunked")
+    assert all(r.headers["authorization"] == "Bearer k1" for r in seen)
+    native, chunked = (r.content for r in seen)
+    assert b"diarized_json" in native and b"chunking_strategy" not in native
+    assert b'{"type": "server_vad"}' in chunked
+
+
+def test_cli_exits_2_on_a_bad_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.jsonl").write_text('{"id": "a"}\n')
+    assert main(["evaluate", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "out")]) == 2
+    assert "missing audio, gold" in capsys.readouterr().err
+    assert main(["evaluate", "--out", str(tmp_path / "out")]) == 2
