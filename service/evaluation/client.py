@@ -57,12 +57,15 @@ def _float(value: str | None) -> float | None:
         return None
 
 
-def _segments(body: dict[str, Any]) -> tuple[Turn, ...]:
+def _segments(body: dict[str, Any], name: str) -> tuple[Turn, ...]:
+    """The diarized_json segments as turns; a segment without a start or end is a protocol fault."""
     turns = []
-    for segment in body.get("segments") or []:
-        turns.append(
-            Turn(float(segment["start"]), float(segment["end"]), str(segment.get("speaker") or "?"), str(segment.get("text") or ""))
-        )
+    for index, segment in enumerate(body.get("segments") or []):
+        try:
+            start, end = float(segment["start"]), float(segment["end"])
+        except (KeyError, TypeError, ValueError):
+            raise EvaluationError(f"{name}: segment {index} of the response has no numeric start and end") from None
+        turns.append(Turn(start, end, str(segment.get("speaker") or "?"), str(segment.get("text") or "")))
     return tuple(turns)
 
 
@@ -129,7 +132,7 @@ class GatewayClient:
         truncated = headers.get("x-moss-truncated")
         return Transcription(
             track=track,
-            segments=_segments(body),
+            segments=_segments(body, name),
             text=str(body.get("text") or ""),
             duration_s=_float(str(body.get("duration"))) if body.get("duration") is not None else None,
             stop=headers.get("x-moss-stop") or None,

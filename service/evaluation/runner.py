@@ -16,6 +16,7 @@ from typing import Any
 
 from service.evaluation import metrics, windows
 from service.evaluation.client import GatewayClient, Transcription
+from service.evaluation.errors import EvaluationError
 from service.evaluation.gold import Gold, Turn, read_gold
 from service.evaluation.manifest import Item
 from service.evaluation.protocol import Protocol
@@ -128,6 +129,8 @@ def run(items: Sequence[Item], tracks: Sequence[str], client: GatewayClient, pro
     for item in items:
         gold = read_gold(item.gold)
         duration = windows.audio_duration(item.audio)
+        if duration is None and item.scope == "windows":
+            raise EvaluationError(f"{item.id}: {item.audio} cannot be cut into windows (libsndfile cannot read it)")
         plan: list[tuple[str, str, float, dict[str, float] | None, list[Turn], Callable[[], bytes]]] = []
         if item.scope == "windows":
             points = windows.cut_points(duration, item.window_s or protocol.window_s, item.cuts)
@@ -138,7 +141,8 @@ def run(items: Sequence[Item], tracks: Sequence[str], client: GatewayClient, pro
                 plan.append((f"{item.id}@{window.label}", "window", window.end - window.start, span, window_gold,
                              lambda w=window, path=item.audio: windows.window_audio(path, w)))
         else:
-            plan.append((item.id, "whole", duration, None, list(gold.turns),
+            # a container libsndfile cannot read (m4a, mp4): the duration the gateway decoded is used instead
+            plan.append((item.id, "whole", duration or 0.0, None, list(gold.turns),
                          lambda path=item.audio: path.read_bytes()))
         for track in tracks:
             if track not in item.tracks:
@@ -146,7 +150,8 @@ def run(items: Sequence[Item], tracks: Sequence[str], client: GatewayClient, pro
             for unit_id, kind, audio_s, span, unit_gold, audio in plan:
                 progress(f"{track}: {unit_id} ({audio_s:.1f} s)")
                 transcription = client.transcribe(Path(item.audio).name, audio(), track)
-                unit = Unit(unit_id, item.id, kind, track, round(audio_s, 3), span)
-                unit.result = score(gold, unit_gold, transcription, audio_s, protocol)
+                seconds = audio_s or transcription.duration_s or 0.0
+                unit = Unit(unit_id, item.id, kind, track, round(seconds, 3), span)
+                unit.result = score(gold, unit_gold, transcription, seconds, protocol)
                 units.append(unit)
     return Run(units=units, cuts=cuts, backend=client.backend())

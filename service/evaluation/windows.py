@@ -75,8 +75,12 @@ def gold_in_window(turns: Sequence[Turn], window: Window) -> tuple[list[Turn], i
     return inside, crossing
 
 
-def audio_duration(path: Path) -> float:
-    return float(sf.info(str(path)).duration)
+def audio_duration(path: Path) -> float | None:
+    """Seconds of audio as libsndfile reads it; None for containers it cannot open (m4a, mp4, ...)."""
+    try:
+        return float(sf.info(str(path)).duration)
+    except (RuntimeError, sf.LibsndfileError):
+        return None
 
 
 def window_audio(path: Path, window: Window) -> bytes:
