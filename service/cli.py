@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from service.evaluation.arguments import add_evaluate_arguments
+from service.evaluation.command import evaluate_command
 from service.settings import GatewaySettings
 
 
@@ -147,12 +148,6 @@ def build_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    from service.evaluation.command import evaluate_command
-
-    return evaluate_command(args)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="moss-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p_evaluate = sub.add_parser("evaluate", help="Score a running gateway against gold, per track; or compare two reports.")
     add_evaluate_arguments(p_evaluate)
-    p_evaluate.set_defaults(func=evaluate)
+    p_evaluate.set_defaults(func=evaluate_command)
 
     args = parser.parse_args(argv)
     if args.command == "qualify" and not args.admin_token:

@@ -1,5 +1,4 @@
-"""The `moss-gateway evaluate` flags; kept apart from `command.py` so that building the
-CLI's parser does not import matplotlib and the scoring stack for every subcommand."""
+"""The `moss-gateway evaluate` flags (the command itself is `command.py`)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ SCHEMA = "moss-gateway-comparison/1"
 
 
 def _side(report: dict[str, Any], track: str, name: str) -> dict[str, Any]:
-    section = report["tracks"].get(track)
+    section: dict[str, Any] | None = report["tracks"].get(track)
     if section is None:
         raise EvaluationError(f"{name} has no {track} track (it has {sorted(report['tracks'])})")
     return section

@@ -38,7 +38,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import jiwer
 import numpy as np
 
 from service.evaluation import normalise
@@ -67,6 +66,9 @@ def edit_errors(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
     """Levenshtein distance between two token lists (substitutions + deletions + insertions)."""
     if not reference or not hypothesis:
         return len(reference) + len(hypothesis)
+    # jiwer is the evaluation extra's (not in the serving images, whose CLI imports this package): loaded on use.
+    import jiwer
+
     output = jiwer.process_words(" ".join(reference), " ".join(hypothesis))
     return int(output.substitutions + output.deletions + output.insertions)
 

@@ -10,13 +10,22 @@ unit, hypothesis minus gold start of each paired turn, against gold time).
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the headless Agg backend.
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+    Imported on use: matplotlib is the evaluation extra's (the serving images leave it out, and their
+    CLI imports this package), and the backend must be chosen before pyplot is first imported.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def _units(section: dict[str, Any]) -> list[dict[str, Any]]:
@@ -24,6 +33,7 @@ def _units(section: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot_cer(track: str, section: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
     units = [u for u in _units(section) if u.get("cer") is not None]
     figure, axes = plt.subplots(figsize=(8, 3.5))
     windowed = [u for u in units if u["kind"] == "window"]
@@ -44,6 +54,7 @@ def plot_cer(track: str, section: dict[str, Any], path: Path) -> None:
 
 
 def plot_coverage(track: str, section: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
     figure, axes = plt.subplots(figsize=(8, 3.5))
     for unit in _units(section):
         rows = [(r["start_s"] / 60, r["coverage"] * 100) for r in unit.get("coverage_over_time") or [] if r["coverage"] is not None]
@@ -61,6 +72,7 @@ def plot_coverage(track: str, section: dict[str, Any], path: Path) -> None:
 
 
 def plot_drift(track: str, section: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
     figure, axes = plt.subplots(figsize=(8, 3.5))
     for unit in _units(section):
         drift = unit.get("drift") or []

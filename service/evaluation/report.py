@@ -203,7 +203,7 @@ def write(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    report = json.loads(path.read_text(encoding="utf-8"))
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     if report.get("schema") != SCHEMA:
         raise EvaluationError(f"{path}: not a {SCHEMA} report")
     return report

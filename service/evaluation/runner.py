@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ class Unit:
     kind: str
     track: str
     audio_s: float
-    window: dict[str, float] | None
+    window: dict[str, float | int] | None
     result: dict[str, Any] = field(default_factory=dict)
 
 
@@ -129,21 +130,20 @@ def run(items: Sequence[Item], tracks: Sequence[str], client: GatewayClient, pro
     for item in items:
         gold = read_gold(item.gold)
         duration = windows.audio_duration(item.audio)
-        if duration is None and item.scope == "windows":
-            raise EvaluationError(f"{item.id}: {item.audio} cannot be cut into windows (libsndfile cannot read it)")
-        plan: list[tuple[str, str, float, dict[str, float] | None, list[Turn], Callable[[], bytes]]] = []
+        plan: list[tuple[str, str, float, dict[str, float | int] | None, list[Turn], Callable[[], bytes]]] = []
         if item.scope == "windows":
+            if duration is None:
+                raise EvaluationError(f"{item.id}: {item.audio} cannot be cut into windows (libsndfile cannot read it)")
             points = windows.cut_points(duration, item.window_s or protocol.window_s, item.cuts)
             cuts[item.id] = {"cuts": points, "sha256": windows.cuts_sha256(points), "frozen": item.cuts is not None}
             for window in windows.windows(points):
                 window_gold, crossing = windows.gold_in_window(gold.turns, window)
-                span = {"start_s": window.start, "end_s": window.end, "crossing_turns": crossing}
-                plan.append((f"{item.id}@{window.label}", "window", window.end - window.start, span, window_gold,
-                             lambda w=window, path=item.audio: windows.window_audio(path, w)))
+                bounds = {"start_s": window.start, "end_s": window.end, "crossing_turns": crossing}
+                plan.append((f"{item.id}@{window.label}", "window", window.end - window.start, bounds, window_gold,
+                             partial(windows.window_audio, item.audio, window)))
         else:
             # a container libsndfile cannot read (m4a, mp4): the duration the gateway decoded is used instead
-            plan.append((item.id, "whole", duration or 0.0, None, list(gold.turns),
-                         lambda path=item.audio: path.read_bytes()))
+            plan.append((item.id, "whole", duration or 0.0, None, list(gold.turns), partial(Path.read_bytes, item.audio)))
         for track in tracks:
             if track not in item.tracks:
                 continue
