@@ -134,3 +134,20 @@ def test_cli_exits_2_on_a_bad_manifest(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["evaluate", str(tmp_path / "m.jsonl"), "--out", str(tmp_path / "out")]) == 2
     assert "missing audio, gold" in capsys.readouterr().err
     assert main(["evaluate", "--out", str(tmp_path / "out")]) == 2
+
+
+def test_windows_are_cut_at_the_frozen_points_and_recorded(manifest: Path) -> None:
+    lines = [{"id": "prog", "audio": "clip.wav", "gold": "clip.json", "scope": "windows", "cuts": [0, 2, 4],
+              "tracks": ["chunked"]}]
+    windowed = manifest.with_name("windows.jsonl")
+    windowed.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    built = evaluate(windowed, fake_gateway())
+    assert list(built["tracks"]) == ["chunked"]
+    units = built["tracks"]["chunked"]["items"]
+    assert [u["id"] for u in units] == ["prog@0-2s", "prog@2-4s"]
+    assert [u["window"] for u in units] == [{"start_s": 0.0, "end_s": 2.0, "crossing_turns": 0},
+                                            {"start_s": 2.0, "end_s": 4.0, "crossing_turns": 0}]
+    assert [u["audio_s"] for u in units] == [2.0, 2.0]
+    assert built["cuts"]["prog"]["cuts"] == [0.0, 2.0, 4.0] and built["cuts"]["prog"]["frozen"] is True
+    # window 0-2 s holds gold "good morning" (2 words); the fake answers both segments: 4 insertions -> WER 2
+    assert units[0]["wer"] == pytest.approx(2.0)
