@@ -1,4 +1,4 @@
-"""`moss-gateway`: serve, qualify, build the tiny checkpoint.
+"""`moss-gateway`: serve, qualify, build the tiny checkpoint, evaluate.
 
 Every setting comes from the one settings model (environment, `MOSS_GATEWAY_`
 prefix); the flags here override the few an operator types most often.
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service.evaluation.arguments import add_evaluate_arguments
+from service.evaluation.command import evaluate_command
 from service.settings import GatewaySettings
 
 
@@ -175,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     p_tiny = sub.add_parser("build-tiny-checkpoint", help="Build (or find) the embedded tiny checkpoint.")
     p_tiny.add_argument("--cache-dir")
     p_tiny.set_defaults(func=build_tiny)
+
+    p_evaluate = sub.add_parser("evaluate", help="Score a running gateway against gold, per track; or compare two reports.")
+    add_evaluate_arguments(p_evaluate)
+    p_evaluate.set_defaults(func=evaluate_command)
 
     args = parser.parse_args(argv)
     if args.command == "qualify" and not args.admin_token:
