@@ -129,6 +129,18 @@ def combine(choices: Sequence[Choice]) -> Choice | None:
     return Choice("+".join(c.name for c in choices), merged, sum(c.prior_gain for c in choices), "winners combined")
 
 
+def resolve_choice(name: str) -> Choice:
+    """A choice by name; 'a+b' is the combination of a and b."""
+    if name in CHOICES_BY_NAME:
+        return CHOICES_BY_NAME[name]
+    parts = name.split("+")
+    if len(parts) > 1 and all(p in CHOICES_BY_NAME for p in parts):
+        joint = combine([CHOICES_BY_NAME[p] for p in parts])
+        if joint is not None:
+            return joint
+    raise SystemExit(f"unknown or conflicting choice {name!r}; known: {', '.join(CHOICES_BY_NAME)} (join with '+')")
+
+
 # -- deadline -------------------------------------------------------------------------------
 
 
@@ -224,6 +236,7 @@ def gateway_settings(spec: dict[str, Any], *, port: int = 0, token: str | None =
         audio=audio,
         longform=longform,
         limits={"max_concurrent_requests": slots, "max_queued_requests": max(64, slots), "request_timeout_s": 7200.0},
+        lifecycle={"drain_timeout_s": 5.0},
         qualification={
             "qualify_on_start": bool(spec.get("qualify", False)),
             "reference_device": spec.get("reference_device", "cuda"),
@@ -498,7 +511,10 @@ def transcript_structure(body: dict[str, Any]) -> dict[str, Any]:
         "text_chars": len(body.get("text") or ""),
         "chunks": len(chunks) or None,
         "chunk_stops": [((c.get("stop") or {}).get("stop") if isinstance(c.get("stop"), dict) else c.get("stop")) for c in chunks] or None,
-        "chunk_generated": [c.get("generated_tokens") for c in chunks] or None,
+        "chunk_generated": [(c.get("tokens") or {}).get("generated") for c in chunks] or None,
+        "chunk_prompts": [(c.get("tokens") or {}).get("prompt") for c in chunks] or None,
+        "chunk_spans_s": [(c.get("start_s"), c.get("end_s")) for c in chunks] or None,
+        "chunk_coverage": [(c.get("coverage") or {}).get("coverage") for c in chunks] or None,
         "stitching": _short(moss.get("stitching")),
         "speaker_links": _short(moss.get("speakers")),
     }
@@ -689,6 +705,15 @@ async def run_gateway(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
             "policy": policy.as_dict(),
         }
         save()
+        from service.prompt import build_instruction
+
+        instruction = build_instruction(None, ())
+        spans = [c.sample_span(16_000) for c in cuts.cuts]
+        expected_prompt = {
+            NATIVE_CELL: float(state.engine.count_prompt_tokens(len(pcm), instruction)),
+            CHUNKED_CELL: sum(state.engine.count_prompt_tokens(b - a, instruction) for a, b in spans) / max(1, len(spans)),
+        }
+        result["expected_prompt_tokens"] = expected_prompt
         chunked_form = {**form_base, "chunking_strategy": json.dumps({"type": "server_vad"}), "max_completion_tokens": str(per_chunk)}
         native_form = {**form_base, "max_completion_tokens": str(total_tokens)}
 
@@ -719,7 +744,7 @@ async def run_gateway(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
             t_zero = samples[0][0] if samples else 0.0
             rel = [(t - t_zero, v) for t, v in samples]
             base_tokens = rel[0][1] if rel else 0.0
-            prompt = _prompt_tokens(answer)
+            prompt = _prompt_tokens(answer) or expected_prompt.get(cell)
             curve = dp.counter_curve(
                 [(t, v - base_tokens) for t, v in rel], prompt_tokens=prompt or 0.0, streams=streams,
                 min_tokens=int(spec.get("curve_min_tokens", 128)),
@@ -758,7 +783,7 @@ def _prompt_tokens(answer: dict[str, Any]) -> float | None:
     budget = moss.get("budget") or {}
     chunks = moss.get("chunks") or []
     if chunks:  # the chunks' mean prompt (the curve is per stream)
-        prompts = [c.get("prompt_tokens") for c in chunks if isinstance(c.get("prompt_tokens"), int | float)]
+        prompts = [p for p in ((c.get("tokens") or {}).get("prompt") for c in chunks) if isinstance(p, int | float)]
         if prompts:
             return sum(prompts) / len(prompts)
         total = budget.get("prompt_tokens")
@@ -806,12 +831,19 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _spawn(command: str, spec: dict[str, Any], out: Path, timeout_s: float, work: Path) -> tuple[int | None, float]:
+def _spawn(
+    command: str, spec: dict[str, Any], out: Path, timeout_s: float, work: Path, env: dict[str, str] | None = None
+) -> tuple[int | None, float]:
     """Run `python -m bench.program COMMAND SPEC OUT` in its own process group; kill it at the timeout."""
     spec_path = work / f"{out.stem}-spec.json"
     spec_path.write_text(json.dumps(spec, default=str))
     started = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "bench.program", command, str(spec_path), str(out)], cwd=str(REPO_ROOT), start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.program", command, str(spec_path), str(out)],
+        cwd=str(REPO_ROOT),
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         code: int | None = process.wait(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
@@ -874,16 +906,28 @@ def device(args: argparse.Namespace) -> int:
     long_s = float(args.duration_s or (60.0 if smoke else PROGRAM_DURATION_S))
     probe_tokens = int(args.probe_tokens or (24 if smoke else 400))
     results: dict[str, float | None] = {}
+    if args.choice:
+        resolve_choice(args.choice)  # refuse a bad name before any engine starts
+    phases = {p.strip() for p in args.phases.split(",") if p.strip()}
+    unknown = phases - {"profile", "sweep", "program"}
+    if unknown:
+        raise SystemExit(f"unknown phase(s) {', '.join(sorted(unknown))}: choose from profile, sweep, program")
 
     def save() -> None:
         _write_json(steps_path, run.as_dict())
+
+    def reserve_s() -> float:
+        return est.program_s(qualify=args.qualify) if "program" in phases else 0.0
 
     def probe(choice: Choice, *, with_profile: bool) -> dict[str, Any] | None:
         spec = {
             **common,
             "choice": asdict(choice),
-            "contexts_audio_s": ([20.0, 40.0, long_s] if smoke else [900.0, 1800.0, long_s]) if with_profile else [long_s],
-            "reps": 1 if smoke else 2,
+            # two requests at the program's prompt (the value compared), one each at about 1/3 and 2/3 of it
+            "contexts_audio_s": ([20.0, 40.0, long_s, long_s] if smoke else [900.0, 1800.0, long_s, long_s])
+            if with_profile
+            else [long_s, long_s],
+            "reps": 1,
             "tokens": probe_tokens,
             "warmup_audio_s": 5.0 if smoke else 12.0,
             "seed": 5000 + 100 * len(run.sweep),
@@ -894,8 +938,10 @@ def device(args: argparse.Namespace) -> int:
                 "start_after": 8 if smoke else 32, "steps": 6 if smoke else 100,
             }
         out = work / f"probe-{choice.name}.json"
-        limit = run.deadline_s - run.elapsed() - est.program_s(qualify=args.qualify) + est.probe_s
-        code, took = _spawn("probe", spec, out, limit, work)
+        limit = run.deadline_s - run.elapsed() - reserve_s() + est.probe_s
+        # the model runner's host scopes (preprocess, forward, sample, ...) in the profiled engine only
+        env = {"VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"} if "profile" in spec else None
+        code, took = _spawn("probe", spec, out, limit, work, env)
         data = json.loads(out.read_text()) if out.exists() else {"error": "no output"}
         rows = data.get("probes", [])
         long_rows = [r for r in rows if r.get("audio_s") == long_s and r.get("s_per_step")]
@@ -928,7 +974,7 @@ def device(args: argparse.Namespace) -> int:
     base = CHOICES_BY_NAME["baseline"]
     if args.baseline_engine:
         base = Choice("baseline", json.loads(args.baseline_engine), 0.0, "given on the command line")
-    data = probe(base, with_profile=True)
+    data = probe(base, with_profile=True) if "profile" in phases else {}
     rows = [r for r in (data or {}).get("probes", []) if r.get("s_per_step") and r.get("context_tokens")]
     run.fit_baseline = dp.fit_linear([r["context_tokens"] for r in rows], [r["s_per_step"] for r in rows])
     long_rows = [r for r in rows if r.get("audio_s") == long_s]
@@ -943,11 +989,11 @@ def device(args: argparse.Namespace) -> int:
 
     # 2. the sweep, while the program phase still fits
     sweep = order_choices(args.sweep.split(",") if args.sweep else None, smoke=smoke)
-    queue = list(sweep)
+    queue = list(sweep) if "sweep" in phases else []
     combined_tried = False
     while queue:
         choice = queue.pop(0)
-        reserve = est.program_s(qualify=args.qualify)
+        reserve = reserve_s()
         if not fits(run.elapsed(), run.deadline_s, est.sweep_point_s(), reserve):
             run.skipped.append(f"{choice.name}: {est.sweep_point_s():.0f} s needed, {run.deadline_s - run.elapsed() - reserve:.0f} s left before the program's reserve")
             continue
@@ -959,13 +1005,15 @@ def device(args: argparse.Namespace) -> int:
                        if n in CHOICES_BY_NAME and n != "baseline" and v and base_value and v <= base_value * (1 - MIN_GAIN)]
             joint = combine(winners)
             if joint is not None:
-                CHOICES_BY_NAME.setdefault(joint.name, joint)
                 queue.append(joint)
     run.chosen = args.choice or pick_best(results)
     save()
+    if "program" not in phases:
+        print(summary_table(run.as_dict(), {}), flush=True)
+        return 0
 
     # 3. the program through the gateway with the chosen setting
-    chosen = CHOICES_BY_NAME.get(run.chosen, base)
+    chosen = base if run.chosen == "baseline" else resolve_choice(run.chosen)
     left = run.deadline_s - run.elapsed()
     spec = {
         **common,
@@ -1077,7 +1125,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--probe-tokens", type=int, default=None)
     d.add_argument("--max-duration-s", type=float, default=None)
     d.add_argument("--state-dir", type=Path, default=None)
-    d.add_argument("--no-profile", action="store_true")
+    d.add_argument("--no-profile", action="store_true", help="the baseline's s/step probes without the profiler capture")
+    d.add_argument(
+        "--phases",
+        default="profile,sweep,program",
+        help="profile (baseline probes and profile), sweep, program; e.g. 'profile,sweep' in one call and "
+        "'program' with --choice in the next",
+    )
     d.add_argument("--no-plot", action="store_true")
     d.add_argument("--smoke", action="store_true", help="CPU sizes (tiny checkpoint)")
     for name in ("probe", "gateway", "client"):

@@ -25,7 +25,9 @@
 # Knobs: SWEEP=fp8-kv,triton-attn (choices after the baseline, in order; default: all by expected gain),
 # CHOICE=<name> (the program runs with it whatever the sweep finds), QUALIFY=1 (qualify the chosen setting at
 # gateway start-up against a float32 Transformers reference on cuda; costs about 45 s of the sweep),
-# CHUNK_TARGET_S=290, NO_PROFILE=1.
+# CHUNK_TARGET_S=290, NO_PROFILE=1, PHASES=profile,sweep,program (default). With device time for a third call,
+# give the sweep a call of its own: B1 with PHASES=profile,sweep, then within 30 s B2 (same machine: the
+# unpacked bundle and the checkpoint are reused, the carry is the same) with PHASES=program CHOICE=<chosen in B1>.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
@@ -61,7 +63,7 @@ b)
   rc=0
   timeout -k 10 "$LEFT" python3 -m bench.program device --model "$CKPT" --out-dir "$OUT" --deadline-s $((LEFT - 15)) \
       --state-dir "$STATE" --no-plot ${SWEEP:+--sweep "$SWEEP"} ${CHOICE:+--choice "$CHOICE"} \
-      ${CHUNK_TARGET_S:+--chunk-target-s "$CHUNK_TARGET_S"} ${NO_PROFILE:+--no-profile} \
+      ${CHUNK_TARGET_S:+--chunk-target-s "$CHUNK_TARGET_S"} ${NO_PROFILE:+--no-profile} ${PHASES:+--phases "$PHASES"} \
       $( [ "${QUALIFY:-0}" = 1 ] && echo --qualify ) || rc=$?
   cp "$STATE"/qualification/records/*.json "$OUT/" 2>/dev/null || true
   echo "call B done in $((SECONDS - T0)) s (bench.program rc=$rc)"

@@ -169,6 +169,11 @@ def test_combining_winners() -> None:
     assert joint is not None and joint.engine == {"kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN"}
     assert pg.combine([triton, splits]) is None  # two attention backends
     assert pg.combine([fp8]) is None
+    assert pg.resolve_choice("fp8-kv+triton-attn").engine == joint.engine
+    assert pg.resolve_choice("baseline").engine == {}
+    for bad in ("triton-attn+fa-splits-128", "nope", "fp8-kv+nope"):
+        with pytest.raises(SystemExit):
+            pg.resolve_choice(bad)
 
 
 def test_the_sweep_stops_when_the_program_would_not_fit() -> None:
@@ -215,7 +220,10 @@ def _body(segments: list[tuple[float, float, str]], *, chunks: int = 0) -> dict:
             "stop": {"stop": "max_tokens"},
             "coverage": {"coverage": 0.9},
             "truncated": True,
-            "chunks": [{"stop": {"stop": "max_tokens"}, "generated_tokens": 250} for _ in range(chunks)],
+            "chunks": [
+                {"stop": {"stop": "max_tokens"}, "tokens": {"prompt": 700, "generated": 250}, "start_s": 50.0 * i, "end_s": 50.0 * i + 55}
+                for i in range(chunks)
+            ],
             "timings": {"engine_decode_s": 1.0},
         },
     }
@@ -229,6 +237,9 @@ def test_structure_and_comparison() -> None:
     assert native["stop"] == "max_tokens" and native["chunks"] is None
     chunked = pg.transcript_structure(_body([(0, 10, "S01"), (50, 90, "S03")], chunks=2))
     assert chunked["chunks"] == 2 and chunked["chunk_stops"] == ["max_tokens", "max_tokens"]
+    assert chunked["chunk_generated"] == [250, 250] and chunked["chunk_spans_s"] == [(0.0, 55.0), (50.0, 105.0)]
+    assert pg._prompt_tokens({"body": _body([], chunks=2)}) == 700
+    assert pg._prompt_tokens({"body": _body([])}) == 1300
     diff = pg.compare_structures(native, chunked)
     assert diff["segments"] == {"native": 3, "chunked": 2, "chunked_minus_native": -1}
     assert diff["speakers"]["chunked_minus_native"] == 0
