@@ -59,17 +59,22 @@ def counter_curve(
 ) -> list[dict[str, float]]:
     """Windows of (time, cumulative generated tokens over all streams) -> s/step against context.
 
-    A window closes once it holds at least `min_tokens` tokens per stream; windows where nothing was
-    generated (prefill, the end) are dropped. Each window's context is the prompt plus the tokens each
-    stream had generated at its middle, so it suits `streams` equal requests run together.
+    The first window opens at the first sample after the counter first moved (the upload and the
+    prefill before it are not decode steps); a window closes once it holds at least `min_tokens`
+    tokens per stream; the unfinished last window is dropped. Each window's context is the prompt plus
+    the tokens each stream had generated at its middle, so it suits `streams` equal requests run together.
     """
     rows: list[dict[str, float]] = []
     if streams < 1:
         raise ValueError("streams must be at least 1")
+    if not samples:
+        return rows
+    idle = samples[0][1]
     start: tuple[float, float] | None = None
     for t, total in samples:
         if start is None:
-            start = (t, total)
+            if total != idle:
+                start = (t, total)
             continue
         tokens = (total - start[1]) / streams
         if tokens < 0:  # a counter reset: begin again

@@ -36,7 +36,8 @@ def test_counter_windows_give_step_time_against_context() -> None:
     # 4 streams; each step costs 1 ms + 10 ns per token of context; the counter counts all streams
     prompt, streams, samples = 4000, 4, []
     t, per_stream = 0.0, 0
-    samples.append((t, 0.0))
+    samples += [(0.2 * i, 0.0) for i in range(15)]  # upload and prefill: the counter stands still
+    t = 3.0
     while per_stream < 2000:
         for _ in range(50):
             t += 0.001 + 1e-8 * (prompt + per_stream)
@@ -278,3 +279,27 @@ def test_plot_series_takes_probes_and_curves() -> None:
     series = dp.plot_series(result)
     assert series["probe: baseline"] == [(12_000.0, 2.5), (38_000.0, 3.3)]
     assert list(series) == ["probe: baseline", f"{pg.NATIVE_CELL} (fp8-kv, 1 streams)"]
+
+
+@pytest.mark.parametrize(
+    ("chunking", "max_duration_s"),
+    [({"target_s": 290.0, "max_concurrent_chunks": 16}, 3000.0), ({"target_s": 20.0, "overlap_s": 2.0, "search_s": 4.0, "max_chunk_s": 40.0}, None)],
+)
+def test_gateway_settings_carry_the_choice_and_a_valid_chunk_policy(tmp_path, chunking: dict, max_duration_s: float | None) -> None:
+    from service.longform.policy import ChunkingPolicy
+
+    spec = {
+        "choice": {"name": "fp8-kv", "engine": {"kv_cache_dtype": "fp8"}},
+        "base_engine": dict(pg.GPU_BASE_ENGINE) if max_duration_s else {},
+        "model": str(tmp_path) if max_duration_s else None,
+        "max_duration_s": max_duration_s,
+        "chunking": chunking,
+        "state_dir": str(tmp_path / "state"),
+    }
+    settings = pg.gateway_settings(spec, port=1234, token="t")
+    assert settings.engine.kv_cache_dtype == "fp8"
+    policy = ChunkingPolicy(**settings.chunking_defaults())
+    assert policy.target_s == pytest.approx(chunking["target_s"])
+    if max_duration_s:
+        assert settings.engine.max_num_batched_tokens == 40960 and settings.max_duration_s == 3000.0
+        assert settings.longform.max_concurrent_chunks >= math.ceil(pg.PROGRAM_DURATION_S / chunking["target_s"])
