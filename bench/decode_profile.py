@@ -152,6 +152,10 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+#: Attention kernels that are not one call per layer (split-KV combine, FA3's scheduler metadata).
+_NOT_PER_LAYER = re.compile(r"combine|reduce|merge|prepare|metadata|scheduler", re.I)
+
+
 def classify_kernel(name: str) -> str:
     for label, pattern in KERNEL_CLASSES:
         if pattern.search(name):
@@ -187,8 +191,8 @@ def summarize_trace(
     """Time per kernel class, GPU busy time and host gaps of a profiled window of decode steps.
 
     `steps`: decode steps in the window; unset, the attention kernels' count over `num_layers`
-    (one attention call per layer and step; split-KV kernels that add a combine kernel are counted
-    by their main kernel only when the combine kernel's name says so).
+    (one attention call per layer and step; split-KV combine kernels and FA3's scheduler-metadata
+    kernel are not counted).
     Times in the result are microseconds (the trace's unit) unless the key says otherwise.
     """
     events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
@@ -227,7 +231,7 @@ def summarize_trace(
         entry = by_name.setdefault(name, [0.0, 0.0])
         entry[0] += 1
         entry[1] += end - start
-        if label == "attention" and not re.search(r"combine|reduce|merge", name, re.I):
+        if label == "attention" and not _NOT_PER_LAYER.search(name):
             attention_main += 1
     gpu_intervals = [(s, e) for s, e, _ in kernels] + memcpy
     window_start = min(s for s, _ in gpu_intervals)

@@ -117,17 +117,19 @@ def test_trace_summary_splits_a_step_into_kernel_classes_and_host_gaps() -> None
             t += 30
             events.append(_kernel(t, 2, "flash::FlashAttnFwdCombine"))  # not a second attention call
             t += 2
+        events.append(_kernel(t, 1, "flash::prepare_varlen_num_blocks_kernel"))  # once a step, not a layer
+        t += 1
         events.append(_kernel(t, 5, "argmax_kernel"))
         t += 5 + 100  # the GPU waits 100 us for the host between steps
     events.append({"ph": "X", "cat": "cuda_runtime", "ts": 0, "dur": 7, "name": "cudaGraphLaunch"})
     events.append({"ph": "X", "cat": "user_annotation", "ts": 0, "dur": 50, "name": "execute_model"})
     summary = dp.summarize_trace({"traceEvents": events}, num_layers=layers)
     assert summary["steps"] == steps
-    per_step_busy = layers * (10 + 30 + 2) + 5
+    per_step_busy = layers * (10 + 30 + 2) + 1 + 5
     assert summary["gpu_busy_us_per_step"] == pytest.approx(per_step_busy)
     # the last step's trailing gap is outside the window
     assert summary["host_gap_us_per_step"] == pytest.approx(100 * (steps - 1) / steps)
-    assert summary["classes"]["attention"]["us_per_step"] == pytest.approx(layers * 32)
+    assert summary["classes"]["attention"]["us_per_step"] == pytest.approx(layers * 32 + 1)
     assert summary["classes"]["gemm"]["us_per_step"] == pytest.approx(layers * 10)
     assert summary["classes"]["sampling"]["count"] == steps
     assert summary["cuda_runtime"][0]["name"] == "cudaGraphLaunch"
