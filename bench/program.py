@@ -275,7 +275,11 @@ async def _timed_request(engine: Any, audio: Any, instruction: str, max_tokens: 
         if profile is not None:
             if "started_at_token" not in window and update.num_generated >= profile["start_after"]:
                 window["started_at_token"] = update.num_generated
-                await engine._engine.start_profile()  # bench-only access to the adapter's AsyncLLM
+                try:
+                    await engine._engine.start_profile()  # bench-only access to the adapter's AsyncLLM
+                except Exception as exc:
+                    window["error"] = f"start_profile: {type(exc).__name__}: {exc}"
+                    window["stopped_at_token"] = update.num_generated
                 window["start_ack_s"] = time.perf_counter() - started
             elif (
                 "started_at_token" in window
@@ -284,13 +288,17 @@ async def _timed_request(engine: Any, audio: Any, instruction: str, max_tokens: 
             ):
                 window["stopped_at_token"] = update.num_generated
                 t_stop = time.perf_counter()
-                await engine._engine.stop_profile()
+                try:
+                    await engine._engine.stop_profile()
+                except Exception as exc:
+                    window["error"] = f"stop_profile: {type(exc).__name__}: {exc}"
                 window["stop_call_s"] = time.perf_counter() - t_stop
         if update.finished:
             final = update
     if profile is not None and "started_at_token" in window and "stopped_at_token" not in window:
         t_stop = time.perf_counter()
-        await engine._engine.stop_profile()
+        with contextlib.suppress(Exception):
+            await engine._engine.stop_profile()
         window["stop_call_s"] = time.perf_counter() - t_stop
     fit = dp.fit_step_time(samples)
     ttft = samples[0][0] if samples else None
@@ -325,16 +333,20 @@ def _profiled_factory(profile_dir: Path) -> Any:
             from vllm.config import ProfilerConfig
 
             args = original()
-            config = ProfilerConfig(
-                profiler="torch",
-                torch_profiler_dir=str(profile_dir),
-                torch_profiler_with_stack=False,
-                torch_profiler_use_gzip=False,
-                torch_profiler_dump_cuda_time_total=False,
-                torch_profiler_record_shapes=False,
-                ignore_frontend=True,
-            )
-            return dataclasses.replace(args, profiler_config=config)
+            try:
+                config = ProfilerConfig(
+                    profiler="torch",
+                    torch_profiler_dir=str(profile_dir),
+                    torch_profiler_with_stack=False,
+                    torch_profiler_use_gzip=False,
+                    torch_profiler_dump_cuda_time_total=False,
+                    torch_profiler_record_shapes=False,
+                    ignore_frontend=True,
+                )
+                return dataclasses.replace(args, profiler_config=config)
+            except Exception as exc:  # the probes matter more than the profile: start without it
+                logger.warning("vLLM's profiler could not be configured (%s); no profile this run", exc)
+                return args
 
         engine.engine_args = engine_args
         return engine
@@ -395,12 +407,16 @@ def run_probe(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
             audio = pcm16_to_float(noise_pcm16(float(profile["audio_s"]), seed))
             tokens = int(profile["start_after"]) + int(profile["steps"]) + 16
             t = time.monotonic()
-            row = await _timed_request(engine, audio, instruction, tokens, profile=profile)
-            row.update(choice=spec["choice"]["name"], audio_s=float(profile["audio_s"]), rep="profile")
-            result["profile_request"] = row
-            result["profile_request_s"] = time.monotonic() - t
-            save()
-            result["profile"] = summarize_profile_dir(Path(profile["dir"]), window=row.get("profile_window") or {})
+            try:
+                row = await _timed_request(engine, audio, instruction, tokens, profile=profile)
+                row.update(choice=spec["choice"]["name"], audio_s=float(profile["audio_s"]), rep="profile")
+                result["profile_request"] = row
+                result["profile_request_s"] = time.monotonic() - t
+                save()
+                result["profile"] = summarize_profile_dir(Path(profile["dir"]), window=row.get("profile_window") or {})
+            except Exception as exc:  # the probes above are kept whatever happens here
+                logger.exception("the profile failed")
+                result["profile"] = {"error": f"{type(exc).__name__}: {exc}"}
             save()
         await engine.shutdown()
 
