@@ -991,6 +991,11 @@ def device(args: argparse.Namespace) -> int:
     if args.baseline_engine:
         base = Choice("baseline", json.loads(args.baseline_engine), 0.0, "given on the command line")
     data = probe(base, with_profile=True) if "profile" in phases else {}
+    if data and not args.no_profile:
+        run.notes.append(
+            "the baseline engine ran with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 (record_function scopes around the "
+            "model runner's stages, a few microseconds a step) for the profile's host breakdown"
+        )
     rows = [r for r in (data or {}).get("probes", []) if r.get("s_per_step") and r.get("context_tokens")]
     run.fit_baseline = dp.fit_linear([r["context_tokens"] for r in rows], [r["s_per_step"] for r in rows])
     long_rows = [r for r in rows if r.get("audio_s") == long_s]
