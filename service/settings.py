@@ -120,6 +120,23 @@ class EngineSettings(BaseModel):
     attention_backend: str | None = Field(
         None, description="Force a vLLM attention backend (e.g. FLASH_ATTN, TRITON_ATTN). Unset: vLLM chooses."
     )
+    flash_attn_max_num_splits: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "FLASH_ATTN under full CUDA graphs: the most KV splits of one decode step (vLLM's "
+            "attention_config.flash_attn_max_num_splits_for_cuda_graph, default 32). Unset: vLLM's default."
+        ),
+    )
+    async_scheduling: bool | None = Field(
+        None, description="vLLM's asynchronous scheduling (the next step is scheduled while this one runs). Unset: vLLM's default."
+    )
+    cudagraph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = Field(
+        None, description="vLLM's CUDA graph mode (compilation_config.cudagraph_mode). Unset: vLLM's default."
+    )
+    cudagraph_capture_sizes: list[int] | None = Field(
+        None, description="Batch sizes captured as CUDA graphs. Unset: vLLM's list (up to 2 x max_num_seqs, at most 512)."
+    )
     data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
     seed: int = 0
 

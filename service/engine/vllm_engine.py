@@ -117,6 +117,14 @@ class VllmTranscriptionEngine:
             kwargs["enable_chunked_prefill"] = s.enable_chunked_prefill
         if s.attention_backend is not None:
             kwargs["attention_backend"] = s.attention_backend
+        if s.flash_attn_max_num_splits is not None:
+            kwargs["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": s.flash_attn_max_num_splits}
+        if s.async_scheduling is not None:
+            kwargs["async_scheduling"] = s.async_scheduling
+        if s.cudagraph_mode is not None:
+            kwargs["compilation_config"] = {"cudagraph_mode": s.cudagraph_mode}
+        if s.cudagraph_capture_sizes is not None:
+            kwargs["cudagraph_capture_sizes"] = sorted(set(s.cudagraph_capture_sizes))
         return AsyncEngineArgs(**kwargs)
 
     def start(self) -> None:
@@ -287,6 +295,11 @@ class VllmTranscriptionEngine:
             "kv_cache_dtype": str(cache_config.cache_dtype),
             "enforce_eager": bool(model_config.enforce_eager),
             "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
+            "cudagraph_capture_sizes": list(getattr(compilation, "cudagraph_capture_sizes", None) or []),
+            "async_scheduling": bool(getattr(scheduler, "async_scheduling", False)),
+            "flash_attn_max_num_splits": getattr(
+                getattr(config, "attention_config", None), "flash_attn_max_num_splits_for_cuda_graph", None
+            ),
             "quantization": model_config.quantization,
             "data_parallel_size": int(config.parallel_config.data_parallel_size),
             "seed": self._settings.seed,
