@@ -121,11 +121,43 @@ class LimitsSettings(BaseModel):
 
 
 class LifecycleSettings(BaseModel):
-    """Engine supervision and shutdown."""
+    """Engine supervision and shutdown.
+
+    A dead engine (or one that failed to start) is restarted after a delay that
+    doubles with each consecutive failure, from `restart_initial_delay_s` up to
+    `restart_max_delay_s`. After `restart_max_attempts` consecutive failures
+    /health answers 503 so that an orchestrator replaces the replica (the
+    supervisor keeps trying meanwhile). Probes are bounded: a hung engine must
+    not hang /ready or the supervisor.
+    """
 
     health_check_interval_s: float = Field(2.0, gt=0, description="How often the engine's health is probed.")
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="The supervisor's probe: an engine that does not answer within it is dead."
+    )
+    ready_probe_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="GET /ready's own probe of the engine: no answer within it is 503 (keep the balancer's check timeout above it).",
+    )
     restart_engine: bool = Field(True, description="Restart a dead engine; the gate re-checks the identity.")
+    restart_initial_delay_s: float = Field(1.0, ge=0, description="Delay before the first restart; doubles per failure.")
+    restart_max_delay_s: float = Field(60.0, ge=0, description="The longest delay between two restarts.")
+    restart_max_attempts: int = Field(
+        5, ge=1, description="Consecutive engine failures after which /health answers 503 (replace the replica)."
+    )
     drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may finish.")
+    engine_shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "On shutdown, how long the engine core may take to stop its workers before it is killed (vLLM's own "
+            "default is 5 s, shorter than its worker's grace period, so the core was always killed)."
+        ),
+    )
+    ledger_flush_timeout_s: float = Field(
+        30.0, gt=0, description="On shutdown, how long the request ledger may take to write its queued lines."
+    )
 
 
 class EngineSettings(BaseModel):
