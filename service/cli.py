@@ -18,6 +18,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fastapi import FastAPI
+
 from service.settings import GatewaySettings
 
 
@@ -53,7 +55,15 @@ STARTUP_FAILURE = 3
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or SIGINT, then stop in order and exit 0.
+    from service.app import create_app
+
+    settings = _settings(args)
+    _logging(settings.server.log_level)
+    return run_server(create_app(settings), settings)
+
+
+def run_server(app: FastAPI, settings: GatewaySettings) -> int:
+    """Serve `app` until SIGTERM or SIGINT, then stop in order and return 0 (3 when the start-up failed).
 
     uvicorn catches the signal, stops accepting, drains open requests for
     `lifecycle.drain_timeout_s`, and runs the lifespan's shutdown (engine, then
@@ -69,11 +79,6 @@ def serve(args: argparse.Namespace) -> int:
     """
     import uvicorn
 
-    from service.app import create_app
-
-    settings = _settings(args)
-    _logging(settings.server.log_level)
-    app = create_app(settings)
     state = app.state.gateway
     server = uvicorn.Server(
         uvicorn.Config(

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fake_engine import FakeEngine
 from fastapi.testclient import TestClient
+from gateway_process import free_port
 from helpers import make_wav, open_gate
 
 from service.app import create_app, restart_delay_s
+from service.ledger import JsonLinesLedger
 from service.settings import GatewaySettings, LifecycleSettings
 
 FAST = {
@@ -159,3 +166,52 @@ def test_the_supervisor_probe_is_bounded_too(app_client: Any) -> None:
     )
     _until(lambda: client.get("/ready").json()["engine"] == "dead", 5, "a wedged engine was never declared dead")
     assert "did not answer within 0.2 s" in client.get("/ready").json()["reasons"][0]
+
+
+def test_the_engine_stopping_with_the_gateway_is_not_a_death(
+    app_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process-group SIGTERM (Ctrl-C, systemd) stops the engine core too, before the gateway's drain ends."""
+    factory = FlakyFactory(failures=0)
+    client = app_client(factory, **FAST)
+    _until(lambda: client.get("/ready").status_code == 200, 5, "the engine never came up")
+    state = client.app.state.gateway  # type: ignore[attr-defined]
+    caplog.set_level("INFO")
+    state.begin_shutdown()  # what the signal handler does, before uvicorn's drain
+    factory.engines[0].dead = True  # the engine core got the same signal
+    time.sleep(0.5)  # ten probe intervals
+    assert len(factory.calls) == 1, "the supervisor restarted an engine that stopped with the gateway"
+    assert state.engine_status.value == "ready" and state.engine_failures == 0
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING", "CRITICAL")], caplog.text
+    assert client.get("/health").status_code == 200
+
+
+def _fake_server(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "fake_server.py"), "--port", str(port),
+         "--state-dir", str(tmp_path / "state"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return process, url
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read() if process.stderr else ""
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_in_order_and_exits_0(tmp_path: Path) -> None:
+    """uvicorn re-raises the signal after its orderly stop; the gateway's serve path turns that into exit 0."""
+    process, url = _fake_server(tmp_path)
+    assert httpx.get(f"{url}/admin/qualify", timeout=5).status_code == 401  # a line waiting in the ledger
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr.decode(errors="replace")
+    assert time.monotonic() - started < 10
+    assert b"Traceback" not in stderr and b"EngineDeadError" not in stderr, stderr.decode(errors="replace")
+    lines = list(JsonLinesLedger(tmp_path / "state" / "ledger" / "requests.jsonl").read())
+    assert [(line["status"], line["path"]) for line in lines] == [(401, "/admin/qualify")]
