@@ -140,9 +140,20 @@ class VllmTranscriptionEngine:
         gives its workers 5 s to exit before it signals them: left at the default,
         the core was killed in the middle of stopping its workers on every
         shutdown. The explicit timeout lets the core finish its own sequence.
+
+        `AsyncLLM.shutdown` stops the core first and cancels its output task on
+        this event loop last. Run in a worker thread (it blocks for seconds), it
+        leaves that task running while the core's sockets close, and the task
+        then logs the closed socket as an EngineDeadError traceback. So the task
+        is cancelled here first: by now nothing is in flight (the gateway drained
+        or aborted its requests), so it has nothing left to deliver.
         """
         if self._engine is not None:
             engine, self._engine = self._engine, None
+            output_task = getattr(engine, "output_handler", None)
+            if isinstance(output_task, asyncio.Task) and not output_task.done():
+                output_task.cancel()
+                await asyncio.wait({output_task})  # its outcome is moot; only our own cancellation propagates
             await asyncio.to_thread(engine.shutdown, timeout=self._shutdown_timeout_s)
 
     @property

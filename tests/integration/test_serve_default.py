@@ -118,8 +118,12 @@ def test_sigterm_stops_the_real_engine_in_order(default_gateway: GatewayProcess)
     elapsed = time.monotonic() - started
     shutdown_log = default_gateway.log_path.read_bytes()[log_start:].decode(errors="replace")
     assert returncode == 0, shutdown_log[-4000:]
-    assert elapsed < 45, f"shutdown took {elapsed:.1f} s"
+    # Measured: 41 s at a load average of 24 on 2 cores (5 s of it vLLM's worker grace); a hang would pass 75 s.
+    assert elapsed < 75, f"shutdown took {elapsed:.1f} s"
     for marker in ("Traceback", "EngineDeadError", "force killing", "health check failed", "restarting the engine"):
         assert marker not in shutdown_log, f"{marker!r} in the shutdown log:\n{shutdown_log[-4000:]}"
     assert "Application shutdown complete" in shutdown_log
-    assert not [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+    print(f"SIGTERM to exit: {elapsed:.1f} s")
+    # The engine core and its worker are gone (multiprocessing's resource tracker may take a moment longer).
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [(child.pid, child.cmdline()) for child in alive]
