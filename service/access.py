@@ -16,6 +16,7 @@ from service.errors import ErrorCode, GatewayError, error_response
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header; None when absent or empty (a bare `Bearer`)."""
     for name, value in headers:
         if name.lower() == b"authorization":
             scheme, _, token = value.partition(b" ")
@@ -25,12 +26,17 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 def key_matches(given: bytes | None, keys: tuple[bytes, ...]) -> bool:
-    """Constant time in the given key: every configured key is compared."""
-    if given is None:
+    """Constant time in the given key: every configured key is compared.
+
+    An empty presented token never matches, nor does an empty configured key, even
+    though the settings already refuse empty secrets: the comparison must not
+    depend on the configuration being valid to stay closed.
+    """
+    if not given:
         return False
     matched = False
     for key in keys:
-        matched |= hmac.compare_digest(given, key)
+        matched |= bool(key) and hmac.compare_digest(given, key)
     return matched
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,10 +27,10 @@ from service.api import admin, system
 from service.api.transcriptions import router as transcriptions
 from service.api.transcriptions.serving import build_serving
 from service.engine.protocol import TranscriptionEngine
-from service.errors import install_error_handlers
-from service.ledger import JsonLinesLedger
+from service.errors import ErrorCode, install_error_handlers
+from service.ledger import JsonLinesLedger, watch_request
 from service.metrics import GatewayMetrics
-from service.settings import GatewaySettings
+from service.settings import GatewaySettings, LifecycleSettings
 from service.state import EngineStatus, GatewayState
 from service.transcription.pipeline import build_pipeline
 from service.upload_limit import UploadLimitMiddleware
@@ -93,23 +96,37 @@ def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
         model_dir=resolve_model_dir(settings),
         max_num_batched_tokens=settings.effective_max_num_batched_tokens,
         max_audio_samples=int(settings.max_duration_s * 16_000),
+        shutdown_timeout_s=settings.lifecycle.engine_shutdown_timeout_s,
     )
 
 
-async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> None:
+async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> bool:
+    """One attempt to build and start the engine; True when it is up (the failure is recorded otherwise).
+
+    The build runs in a worker thread, which a cancellation cannot stop: when the
+    gateway shuts down mid-start, the build is let finish and what it built is shut
+    down, so that no engine core process outlives the gateway.
+    """
+
     def build() -> StartableEngine:
         engine = factory(state.settings)
         engine.start()
         return engine
 
     state.engine_status = EngineStatus.STARTING
+    building = asyncio.ensure_future(asyncio.to_thread(build))
     try:
-        state.engine = await asyncio.to_thread(build)
+        engine = await asyncio.shield(building)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await (await building).shutdown()
+        raise
     except Exception as exc:
         logger.exception("engine failed to start")
         state.engine_status = EngineStatus.FAILED
         state.engine_error = f"{type(exc).__name__}: {exc}"
-        return
+        return False
+    state.engine = engine
     state.engine_starts += 1
     state.engine_status = EngineStatus.READY
     state.engine_error = None
@@ -118,45 +135,113 @@ async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: R
         try:
             await on_ready(state)
         except Exception as exc:
+            if state.shutting_down:
+                # The engine stopped under it because the gateway is stopping: expected, not a fault.
+                logger.info("start-up qualification step stopped by the shutdown: %s", type(exc).__name__)
+                return True
             logger.exception("start-up qualification step failed")
             state.gate.reason = f"start-up qualification step failed: {type(exc).__name__}: {exc}"
+    return True
+
+
+def restart_delay_s(lifecycle: LifecycleSettings, failures: int) -> float:
+    """Exponential backoff before the next start: initial x 2^(failures - 1), capped at the maximum."""
+    if failures <= 0:
+        return 0.0
+    return float(min(lifecycle.restart_max_delay_s, lifecycle.restart_initial_delay_s * 2 ** min(failures - 1, 62)))
+
+
+async def _probe(state: GatewayState, engine: TranscriptionEngine) -> None:
+    """One health probe; a failure or a probe slower than its timeout marks the engine dead."""
+    timeout = state.settings.lifecycle.health_check_timeout_s
+    try:
+        await asyncio.wait_for(engine.check_health(), timeout=timeout)
+    except TimeoutError:
+        reason = f"health check did not answer within {timeout:g} s"
+    except Exception as exc:
+        reason = f"health check failed: {exc}"
+    else:
+        state.note_engine_healthy()
+        return
+    if state.shutting_down:
+        return  # the engine stops because the gateway does: not a death
+    logger.error("engine %s", reason)
+    state.mark_engine_dead(reason)
 
 
 async def _supervise(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> None:
-    """Start the engine, watch its health, restart it when it dies.
+    """Start the engine, watch its health, restart it with backoff when it dies or fails to start.
 
     A restarted engine goes through the gate again: its identity is resolved
     anew, and only a passing record for that identity reopens transcription.
+    After `lifecycle.restart_max_attempts` consecutive failures (failed starts, or
+    engines that died before passing a health probe) /health answers 503, so that
+    an orchestrator replaces the replica; the supervisor keeps trying meanwhile,
+    at the longest backoff, and /health turns 200 again once an engine is healthy.
+    With `restart_engine` off, the first failure is final (and /health says so).
     """
     lifecycle = state.settings.lifecycle
-    await _start_engine(state, factory, on_ready)
+    up = await _start_engine(state, factory, on_ready)
     while True:
-        await asyncio.sleep(lifecycle.health_check_interval_s)
-        engine = state.engine
-        if state.engine_status is EngineStatus.READY and engine is not None:
-            try:
-                await asyncio.wait_for(engine.check_health(), timeout=30)
-            except Exception as exc:
-                logger.error("engine health check failed: %s", exc)
-                state.mark_engine_dead(f"health check failed: {exc}")
-        if state.engine_status is EngineStatus.DEAD and lifecycle.restart_engine:
-            logger.warning("restarting the engine after: %s", state.engine_error)
-            state.gate.open = False
-            state.gate.reason = f"the engine is restarting after: {state.engine_error}"
-            state.metrics.qualified.set(0)
-            old, state.engine = state.engine, None
-            if old is not None:
-                with contextlib.suppress(Exception):
-                    await old.shutdown()
-            await _start_engine(state, factory, on_ready)
+        if up:
+            await asyncio.sleep(lifecycle.health_check_interval_s)
+            engine = state.engine
+            if state.engine_status is EngineStatus.READY and engine is not None:
+                await _probe(state, engine)
+            if state.engine_status is not EngineStatus.DEAD:
+                continue  # healthy, or stopping with the gateway
+        if state.shutting_down:
+            logger.info("the engine stopped with the gateway; not restarting it")
+            return
+        # Dead (seen by the probe or by a request), or a start that failed.
+        state.note_engine_failure(state.engine_error or "the engine stopped")
+        if not lifecycle.restart_engine:
+            return
+        delay = restart_delay_s(lifecycle, state.engine_failures)
+        logger.warning(
+            "restarting the engine in %g s (consecutive failures: %d) after: %s",
+            delay, state.engine_failures, state.engine_error,
+        )
+        state.gate.open = False
+        state.gate.reason = f"the engine is restarting after: {state.engine_error}"
+        state.metrics.qualified.set(0)
+        old, state.engine = state.engine, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.shutdown()
+        await asyncio.sleep(delay)
+        up = await _start_engine(state, factory, on_ready)
 
 
 async def _drain(state: GatewayState) -> None:
     """Stop taking work, let in-flight requests finish up to the deadline, then abort the rest."""
     deadline = state.settings.lifecycle.drain_timeout_s
+    state.begin_shutdown()
     state.engine_status = EngineStatus.STOPPING
     if not await state.admission.wait_idle(deadline):
         logger.warning("shutdown: %d requests still running after %g s; aborting them", state.admission.active, deadline)
+
+
+async def _shutdown(state: GatewayState) -> None:
+    """The orderly stop, in this order: drain, stop the supervisor, stop the engine, flush the ledger.
+
+    The ledger goes last so that the lines of requests aborted by the engine's
+    shutdown are still accepted (after `close`, `submit` writes inline).
+    """
+    await _drain(state)
+    for task in list(state.background):
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+    engine, state.engine = state.engine, None
+    if engine is not None:
+        try:
+            await engine.shutdown()
+        except Exception:
+            logger.exception("engine shutdown failed")
+    timeout = state.settings.lifecycle.ledger_flush_timeout_s
+    if not await asyncio.to_thread(state.request_ledger.close, timeout):
+        logger.error("shutdown: the request ledger was not flushed within %g s", timeout)
 
 
 def create_app(
@@ -181,13 +266,7 @@ def create_app(
         try:
             yield
         finally:
-            await _drain(state)
-            for task in list(state.background):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-            if state.engine is not None:
-                await state.engine.shutdown()
+            await _shutdown(state)
 
     app = FastAPI(
         title="MOSS-Transcribe-Diarize gateway",
@@ -222,6 +301,8 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(transcriptions.router)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    # Outermost: it must see the refusals of every layer below (401, 413, 429) and the requests they cut short.
+    app.add_middleware(RequestLedgerMiddleware, state=state)
     return app
 
 
@@ -268,3 +349,96 @@ class RequestMetricsMiddleware:
             if "status" in seen:
                 route = getattr(scope.get("route"), "path", "unmatched")
                 self.metrics.requests.labels(route, seen["status"], seen.get("code", "")).inc()
+
+
+#: Routes whose every answer leaves a ledger line: the transcription routes and the admin routes.
+LEDGERED_PATH_PREFIXES = ("/v1/audio/", "/admin/")
+#: The ledger's status for a request that got no complete answer (the client left, or shutdown cut it short).
+CLIENT_CLOSED_STATUS = 499
+
+
+class RequestLedgerMiddleware:
+    """One ledger line for every answered request to the transcription and admin routes, errors included.
+
+    The transcription pipeline writes its own, richer line for the requests it
+    accounts (a finished transcription with its stop evidence, an abort); this
+    layer writes one for every request that got none: a refusal by any layer
+    (401, 413, 429, 400, 503...), an error, a stream cut short. Its line holds
+    the request id, method, path, status, error code, time and duration, never a
+    body. An unhandled exception is the 500 `engine_error` that the error
+    handler answers; a response that never finished (the client left, or the
+    shutdown cancelled it) is status 499 with the HTTP status that was sent, if
+    any. Requests without an `X-Request-Id` of their own get one here, on the
+    line and in the response headers. The line goes through the ledger's
+    `submit`: the event loop never waits for the disk.
+    """
+
+    def __init__(self, app: ASGIApp, *, state: GatewayState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(LEDGERED_PATH_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        request_id = f"trsc-{uuid.uuid4().hex}"
+        received = datetime.now(UTC).isoformat()
+        started = time.monotonic()
+        seen: dict[str, Any] = {"complete": False}
+
+        async def observing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                for name, value in headers:
+                    name = name.lower()
+                    if name == b"x-error-code":
+                        seen["error_code"] = value.decode("latin-1")
+                    elif name == b"x-request-id":
+                        seen["request_id"] = value.decode("latin-1")
+                if "request_id" not in seen:
+                    headers.append((b"x-request-id", request_id.encode()))
+                    message = {**message, "headers": headers}
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                seen["complete"] = True
+            await send(message)
+
+        failed = False
+        with watch_request(request_id) as watched:
+            try:
+                await self.app(scope, receive, observing_send)
+            except Exception:
+                failed = True
+                raise
+            finally:
+                if watched.lines == 0:
+                    self.state.request_ledger.submit(
+                        self._line(scope, seen, request_id, received, time.monotonic() - started, failed)
+                    )
+
+    def _line(
+        self, scope: Scope, seen: dict[str, Any], request_id: str, received: str, duration_s: float, failed: bool
+    ) -> dict[str, Any]:
+        http_status: int | None = seen.get("status")
+        error_code: str | None = seen.get("error_code")
+        if http_status is None and failed:
+            # Nothing was sent and an exception escaped: the error handler answers it as a 500.
+            status, error_code = 500, ErrorCode.ENGINE_ERROR.value
+        elif http_status is None or not seen["complete"]:
+            status = CLIENT_CLOSED_STATUS
+        else:
+            status = http_status
+        gate = self.state.gate
+        return {
+            "request_id": seen.get("request_id", request_id),
+            "time": received,
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "http_status": http_status,
+            "error_code": error_code,
+            "complete": seen["complete"],
+            "duration_s": round(duration_s, 3),
+            "fingerprint": gate.fingerprint,
+            "qualification_id": gate.qualification_id,
+        }

@@ -11,10 +11,14 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
+
+from fastapi import FastAPI
 
 from service.evaluation.arguments import add_evaluate_arguments
 from service.evaluation.command import evaluate_command
@@ -48,23 +52,65 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+#: uvicorn's exit status when the app failed to start (its lifespan start-up raised).
+STARTUP_FAILURE = 3
 
+
+def serve(args: argparse.Namespace) -> int:
     from service.app import create_app
 
     settings = _settings(args)
     _logging(settings.server.log_level)
-    app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level=settings.server.log_level,
-        # uvicorn drains open requests this long after SIGTERM; the lifespan then aborts what is left.
-        timeout_graceful_shutdown=int(settings.lifecycle.drain_timeout_s),
+    return run_server(create_app(settings), settings)
+
+
+def run_server(app: FastAPI, settings: GatewaySettings) -> int:
+    """Serve `app` until SIGTERM or SIGINT, then stop in order and return 0 (3 when the start-up failed).
+
+    uvicorn catches the signal, stops accepting, drains open requests for
+    `lifecycle.drain_timeout_s`, and runs the lifespan's shutdown (engine, then
+    ledger). Two things are added around it:
+
+    - the gateway learns of the signal at once, not after the drain, so that an
+      engine core that got the same signal (a process-group or cgroup kill:
+      Ctrl-C, systemd) is seen stopping, not dying, and is not restarted;
+    - after an orderly stop uvicorn raises the signal again with the previous
+      handler, which by default kills the process with the signal's status; the
+      handler installed here makes that a clean exit 0 instead. A signal that
+      arrives before uvicorn took over still stops the process at once.
+    """
+    import uvicorn
+
+    state = app.state.gateway
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            log_level=settings.server.log_level,
+            # uvicorn drains open requests this long after SIGTERM; the lifespan then aborts what is left.
+            timeout_graceful_shutdown=int(settings.lifecycle.drain_timeout_s),
+        )
     )
-    return 0
+    uvicorn_handle_exit = server.handle_exit
+
+    def handle_exit(signum: int, frame: FrameType | None) -> None:
+        state.begin_shutdown()
+        uvicorn_handle_exit(signum, frame)
+
+    def after_orderly_stop(signum: int, frame: FrameType | None) -> None:
+        if not server.should_exit:  # uvicorn never took the signal: nothing was drained, stop now
+            raise SystemExit(128 + signum)
+
+    # uvicorn installs `server.handle_exit` for SIGINT and SIGTERM while it serves, then restores these.
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+    previous = {sig: signal.signal(sig, after_orderly_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Audio tokens per second of input (16 kHz, hop 160, encoder stride 2, merge 4).
@@ -21,38 +21,91 @@ AUDIO_TOKENS_PER_SECOND = 12.5
 NATIVE_MAX_DURATION_S = 90 * 60.0
 #: Default input limit for the embedded tiny checkpoint, sized for a CPU engine.
 EMBEDDED_MAX_DURATION_S = 120.0
+#: Shortest admin token or API key accepted. An empty token (`ADMIN_TOKEN=""`) would otherwise be a token
+#: that a bare `Authorization: Bearer` matches, and a short one can be guessed; 16 characters of
+#: `openssl rand -hex 32` output or similar are the floor, not the recommendation (use 32 or more).
+MIN_SECRET_LENGTH = 16
+
+
+def check_secret(value: str, what: str) -> str:
+    """Refuse a secret that is too short or padded with whitespace (a header never carries the padding).
+
+    The message names the setting, never the value.
+    """
+    if value != value.strip():
+        raise ValueError(f"{what} has leading or trailing whitespace; remove it")
+    if len(value) < MIN_SECRET_LENGTH:
+        raise ValueError(
+            f"{what} is {'empty' if not value else f'{len(value)} characters'}: it must be at least "
+            f"{MIN_SECRET_LENGTH} characters (e.g. `openssl rand -hex 32`), or unset"
+        )
+    return value
 
 
 class ServerSettings(BaseModel):
     """HTTP front."""
 
+    model_config = ConfigDict(hide_input_in_errors=True)  # never echo a refused admin token
+
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     admin_token: SecretStr | None = Field(
         None,
-        description="Bearer token for /admin/* routes. Unset: admin routes refuse everything.",
+        description=(
+            f"Bearer token for /admin/* routes, at least {MIN_SECRET_LENGTH} characters. "
+            "Unset: admin routes refuse everything."
+        ),
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_is_long(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None:
+            check_secret(token.get_secret_value(), "server.admin_token (MOSS_GATEWAY_SERVER__ADMIN_TOKEN)")
+        return token
 
 
 class AccessSettings(BaseModel):
     """Who may call what. Secrets never appear in logs, /v1/backend or error bodies."""
 
+    model_config = ConfigDict(hide_input_in_errors=True)  # never echo a refused key
+
     api_keys: list[SecretStr] = Field(
-        default_factory=list, description="Bearer keys accepted on /v1/*. Empty (and no file): /v1/* is open."
+        default_factory=list,
+        description=(
+            f"Bearer keys accepted on /v1/*, each at least {MIN_SECRET_LENGTH} characters. "
+            "Empty (and no file): /v1/* is open."
+        ),
     )
-    api_keys_file: Path | None = Field(None, description="A file of API keys, one per line ('#' comments).")
+    api_keys_file: Path | None = Field(
+        None, description="A file of API keys, one per line ('#' comments), same length rule; read at start-up."
+    )
     protect_health: bool = Field(False, description="Require an API key on /health and /ready.")
     protect_metrics: bool = Field(False, description="Require an API key on /metrics.")
 
+    @model_validator(mode="after")
+    def _keys_are_long(self) -> AccessSettings:
+        """Read the keys once here so that a short key (or an unreadable file) stops the start-up."""
+        self.load_keys()
+        return self
+
     def load_keys(self) -> tuple[bytes, ...]:
-        keys = [key.get_secret_value() for key in self.api_keys]
+        """Every configured key; raises ValueError on one shorter than MIN_SECRET_LENGTH."""
+        keys = [
+            check_secret(key.get_secret_value(), f"access.api_keys[{index}]")
+            for index, key in enumerate(self.api_keys)
+        ]
         if self.api_keys_file is not None:
-            for line in self.api_keys_file.read_text(encoding="utf-8").splitlines():
+            try:
+                lines = self.api_keys_file.read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise ValueError(f"access.api_keys_file cannot be read: {exc.strerror}") from exc
+            for number, line in enumerate(lines, 1):
                 line = line.strip()
                 if line and not line.startswith("#"):
-                    keys.append(line)
-        return tuple(key.encode() for key in keys if key)
+                    keys.append(check_secret(line, f"access.api_keys_file line {number}"))
+        return tuple(key.encode() for key in keys)
 
 
 class LimitsSettings(BaseModel):
@@ -72,11 +125,43 @@ class LimitsSettings(BaseModel):
 
 
 class LifecycleSettings(BaseModel):
-    """Engine supervision and shutdown."""
+    """Engine supervision and shutdown.
+
+    A dead engine (or one that failed to start) is restarted after a delay that
+    doubles with each consecutive failure, from `restart_initial_delay_s` up to
+    `restart_max_delay_s`. After `restart_max_attempts` consecutive failures
+    /health answers 503 so that an orchestrator replaces the replica (the
+    supervisor keeps trying meanwhile). Probes are bounded: a hung engine must
+    not hang /ready or the supervisor.
+    """
 
     health_check_interval_s: float = Field(2.0, gt=0, description="How often the engine's health is probed.")
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="The supervisor's probe: an engine that does not answer within it is dead."
+    )
+    ready_probe_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="GET /ready's own probe of the engine: no answer within it is 503 (keep the balancer's check timeout above it).",
+    )
     restart_engine: bool = Field(True, description="Restart a dead engine; the gate re-checks the identity.")
+    restart_initial_delay_s: float = Field(1.0, ge=0, description="Delay before the first restart; doubles per failure.")
+    restart_max_delay_s: float = Field(60.0, ge=0, description="The longest delay between two restarts.")
+    restart_max_attempts: int = Field(
+        5, ge=1, description="Consecutive engine failures after which /health answers 503 (replace the replica)."
+    )
     drain_timeout_s: float = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may finish.")
+    engine_shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "On shutdown, how long the engine core may take to stop its workers before it is killed (vLLM's own "
+            "default is 5 s, shorter than its worker's grace period, so the core was always killed)."
+        ),
+    )
+    ledger_flush_timeout_s: float = Field(
+        30.0, gt=0, description="On shutdown, how long the request ledger may take to write its queued lines."
+    )
 
 
 class EngineSettings(BaseModel):
@@ -236,6 +321,8 @@ class GatewaySettings(BaseSettings):
         env_nested_delimiter="__",
         extra="ignore",
         validate_default=True,
+        # A refused secret (too short) must not be echoed into the start-up error and the logs.
+        hide_input_in_errors=True,
     )
 
     state_dir: Path = Field(

@@ -70,10 +70,53 @@ class GatewayState:
     last_qualification: dict[str, Any] | None = None
     qualification_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     engine_starts: int = 0
+    #: Consecutive engine failures: failed starts, and engines that died before passing a health probe.
+    engine_failures: int = 0
+    #: The engine has passed a health probe since its last start (a later death then starts a new count).
+    engine_proven: bool = False
+    #: Set as soon as the process is told to stop (the signal, before uvicorn's drain): from then on the
+    #: engine stopping is expected, never a death to log or to restart from.
+    shutting_down: bool = False
+
+    def begin_shutdown(self) -> None:
+        """The gateway is stopping (safe to call from a signal handler: it only sets a flag)."""
+        self.shutting_down = True
+
+    def note_engine_failure(self, reason: str) -> None:
+        """Count a failed start or a death; a death after a passed probe starts the count anew."""
+        self.engine_failures = 1 if self.engine_proven else self.engine_failures + 1
+        self.engine_proven = False
+        self.engine_error = reason
+
+    def note_engine_healthy(self) -> None:
+        """The engine passed a health probe: it is proven, and the failure count starts over."""
+        self.engine_proven = True
+        self.engine_failures = 0
+
+    def liveness_problem(self) -> str | None:
+        """Why this replica cannot recover by itself (then /health answers 503), or None.
+
+        Either the engine failed `lifecycle.restart_max_attempts` times in a row,
+        or it is down and restarting is switched off. An orchestrator should then
+        replace the replica; restarting the engine in place did not help.
+        """
+        lifecycle = self.settings.lifecycle
+        down = self.engine_status in (EngineStatus.FAILED, EngineStatus.DEAD)
+        if not lifecycle.restart_engine and down:
+            return f"the engine is {self.engine_status.value} and lifecycle.restart_engine is off: {self.engine_error}"
+        if self.engine_failures >= lifecycle.restart_max_attempts:
+            return (
+                f"the engine failed {self.engine_failures} consecutive times "
+                f"(lifecycle.restart_max_attempts={lifecycle.restart_max_attempts}); last: {self.engine_error}"
+            )
+        return None
 
     def mark_engine_dead(self, reason: str) -> None:
-        """The engine cannot serve: /ready turns false and new requests get 503 at once."""
-        if self.engine_status is EngineStatus.READY:
+        """The engine cannot serve: /ready turns false and new requests get 503 at once.
+
+        Not while the gateway is stopping: the engine then stops on purpose.
+        """
+        if self.engine_status is EngineStatus.READY and not self.shutting_down:
             self.engine_status = EngineStatus.DEAD
             self.engine_error = reason
             self.metrics.engine_ready.set(0)

@@ -11,26 +11,30 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-import uvicorn  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
 from helpers import open_gate  # noqa: E402
 
 from service.app import create_app  # noqa: E402
+from service.cli import run_server  # noqa: E402
 from service.settings import GatewaySettings  # noqa: E402
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--drain", type=float, default=30.0)
     args = parser.parse_args()
-    settings = GatewaySettings(state_dir=Path(args.state_dir), lifecycle={"drain_timeout_s": args.drain})
+    settings = GatewaySettings(
+        state_dir=Path(args.state_dir),
+        lifecycle={"drain_timeout_s": args.drain},
+        server={"host": "127.0.0.1", "port": args.port, "log_level": "warning"},
+    )
     engine = FakeEngine(token_delay_s=args.token_delay)
     app = create_app(settings, engine_factory=lambda _: engine, on_ready=open_gate)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=int(args.drain))
+    return run_server(app, settings)  # the gateway's own serve path: signals, drain, exit status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,6 @@ constant time; with no admin token configured they refuse every request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -18,6 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, File, Request, UploadFile
 from fastapi.responses import JSONResponse
 
+from service.access import bearer_token, key_matches
 from service.errors import ErrorCode, GatewayError
 from service.evidence import evidence_bundle_path
 from service.gate import record_store, run_qualification
@@ -33,16 +33,14 @@ def _state(request: Request) -> GatewayState:
 
 def require_admin(request: Request) -> None:
     token = _state(request).settings.server.admin_token
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
     if token is None:
         raise GatewayError(
             ErrorCode.UNAUTHORIZED,
             "Admin routes are disabled: set MOSS_GATEWAY_SERVER__ADMIN_TOKEN.",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    expected = token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+    # The same parser and comparison as the API keys: a bare `Bearer` or an empty token never matches.
+    if not key_matches(bearer_token(request.headers.raw), (token.get_secret_value().encode(),)):
         raise GatewayError(
             ErrorCode.UNAUTHORIZED, "Missing or wrong admin token.", headers={"WWW-Authenticate": "Bearer"}
         )

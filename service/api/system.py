@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import APIRouter, Request
@@ -19,9 +20,17 @@ def _state(request: Request) -> GatewayState:
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    """The process is up and answering (the engine may still be loading)."""
-    return {"status": "alive"}
+async def health(request: Request) -> JSONResponse:
+    """Liveness: 200 while the replica can serve or recover by itself (the engine may still be loading).
+
+    503 when it cannot: the engine failed `lifecycle.restart_max_attempts` times in a
+    row, or it is down with restarts switched off. An orchestrator should then
+    replace the replica (restart the container); the reason says what failed.
+    """
+    problem = _state(request).liveness_problem()
+    if problem is not None:
+        return JSONResponse({"status": "failing", "reason": problem}, status_code=503)
+    return JSONResponse({"status": "alive"})
 
 
 @router.get("/ready")
@@ -32,8 +41,12 @@ async def ready(request: Request) -> JSONResponse:
     if state.engine_status is not EngineStatus.READY or state.engine is None:
         reasons.append(f"engine {state.engine_status.value}" + (f": {state.engine_error}" if state.engine_error else ""))
     else:
+        timeout = state.settings.lifecycle.ready_probe_timeout_s
         try:
-            await state.engine.check_health()
+            await asyncio.wait_for(state.engine.check_health(), timeout=timeout)
+        except TimeoutError:
+            # Slow is not dead (the supervisor's probe decides that), but a balancer must not wait on it.
+            reasons.append(f"engine health check did not answer within {timeout:g} s")
         except Exception as exc:  # any failure of the health probe means not ready
             state.mark_engine_dead(f"health check failed: {exc}")
             reasons.append(f"engine unhealthy: {exc}")

@@ -74,8 +74,10 @@ class VllmTranscriptionEngine:
         model_dir: Path,
         max_num_batched_tokens: int,
         max_audio_samples: int,
+        shutdown_timeout_s: float,
     ) -> None:
         self._settings = settings
+        self._shutdown_timeout_s = shutdown_timeout_s
         self.model_dir = model_dir
         self._max_num_batched_tokens = max_num_batched_tokens
         self._max_audio_samples = max_audio_samples
@@ -145,9 +147,27 @@ class VllmTranscriptionEngine:
         logger.info("engine ready in %.1f s (max_model_len=%d)", self.load_time_s, self.max_model_len)
 
     async def shutdown(self) -> None:
+        """Stop the engine core and its workers in order.
+
+        vLLM's default gives the core 5 s before it kills it, while the core itself
+        gives its workers 5 s to exit before it signals them: left at the default,
+        the core was killed in the middle of stopping its workers on every
+        shutdown. The explicit timeout lets the core finish its own sequence.
+
+        `AsyncLLM.shutdown` stops the core first and cancels its output task on
+        this event loop last. Run in a worker thread (it blocks for seconds), it
+        leaves that task running while the core's sockets close, and the task
+        then logs the closed socket as an EngineDeadError traceback. So the task
+        is cancelled here first: by now nothing is in flight (the gateway drained
+        or aborted its requests), so it has nothing left to deliver.
+        """
         if self._engine is not None:
             engine, self._engine = self._engine, None
-            await asyncio.to_thread(engine.shutdown)
+            output_task = getattr(engine, "output_handler", None)
+            if isinstance(output_task, asyncio.Task) and not output_task.done():
+                output_task.cancel()
+                await asyncio.wait({output_task})  # its outcome is moot; only our own cancellation propagates
+            await asyncio.to_thread(engine.shutdown, timeout=self._shutdown_timeout_s)
 
     @property
     def vllm_config(self) -> Any:

@@ -32,7 +32,7 @@ from service.app import create_app
 from service.settings import GatewaySettings
 
 ADMIN_TOKEN = "fuzz-admin-token"
-API_KEY = "fuzz-api-key"
+API_KEY = "fuzz-api-key-0123"
 #: Which credential a case carries: the one its route wants, the other one, none, or a wrong one.
 CREDENTIALS = ("right", "other", "none", "wrong")
 TRANSCRIPTIONS = "POST /v1/audio/transcriptions"

@@ -47,7 +47,7 @@ def _load_tool() -> ModuleType:
 loadtest = _load_tool()
 
 
-API_KEY = "load-test-key"
+API_KEY = "load-test-api-key"
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fake_engine import EOS, FakeEngine
 from helpers import AppFactory, make_wav
 
-TOKEN = {"Authorization": "Bearer s3cret"}
+TOKEN = {"Authorization": "Bearer s3cret-admin-token"}
 
 
 def transcribe(client, headers=None, **fields):
@@ -16,7 +16,7 @@ def transcribe(client, headers=None, **fields):
 
 
 def test_ignore_eos_needs_the_admin_token(fake_client: AppFactory) -> None:
-    client, engine = fake_client(server={"admin_token": "s3cret"})
+    client, engine = fake_client(server={"admin_token": "s3cret-admin-token"})
     refused = transcribe(client, ignore_eos="true")
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "unauthorized"
@@ -27,8 +27,8 @@ def test_ignore_eos_needs_the_admin_token(fake_client: AppFactory) -> None:
 
 
 def test_admin_routes_refuse_without_or_with_wrong_token(fake_client: AppFactory) -> None:
-    client, _ = fake_client(server={"admin_token": "s3cret"})
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic s3cret"}):
+    client, _ = fake_client(server={"admin_token": "s3cret-admin-token"})
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic s3cret-admin-token"}):
         for method, path in (("post", "/admin/qualify"), ("get", "/admin/qualify"),
                              ("get", "/admin/qualification/records"), ("get", "/admin/evidence/trsc-" + "0" * 32)):
             response = getattr(client, method)(path, headers=headers)
@@ -44,7 +44,7 @@ def test_admin_routes_are_off_without_a_configured_token(fake_client: AppFactory
 
 
 def test_evidence_bundle_is_kept_and_served(fake_client: AppFactory) -> None:
-    client, _ = fake_client(FakeEngine(), server={"admin_token": "s3cret"}, evidence={"checkpoint_every_tokens": 16})
+    client, _ = fake_client(FakeEngine(), server={"admin_token": "s3cret-admin-token"}, evidence={"checkpoint_every_tokens": 16})
     response = transcribe(client, headers=TOKEN, capture_evidence="true", response_format="verbose_json")
     assert response.status_code == 200
     request_id = response.headers["x-request-id"]
@@ -59,7 +59,7 @@ def test_evidence_bundle_is_kept_and_served(fake_client: AppFactory) -> None:
 
 
 def test_evidence_of_unknown_or_malformed_request_is_404(fake_client: AppFactory) -> None:
-    client, _ = fake_client(server={"admin_token": "s3cret"})
+    client, _ = fake_client(server={"admin_token": "s3cret-admin-token"})
     assert client.get("/admin/evidence/trsc-" + "a" * 32, headers=TOKEN).status_code == 404
     assert client.get("/admin/evidence/..%2F..%2Fsecret", headers=TOKEN).status_code == 404
 

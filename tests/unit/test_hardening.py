@@ -18,7 +18,7 @@ from helpers import AppFactory, make_wav, wait_ready
 from service.app import create_app
 from service.settings import GatewaySettings
 
-KEY = {"Authorization": "Bearer key-one"}
+KEY = {"Authorization": "Bearer key-one-0123456789"}
 
 
 def transcribe(client, headers=None, **fields):
@@ -33,9 +33,9 @@ def transcribe(client, headers=None, **fields):
 
 def test_api_keys_guard_v1_routes(fake_client: AppFactory, tmp_path: Path) -> None:
     keys = tmp_path / "keys.txt"
-    keys.write_text("# operators\nkey-two\n")
+    keys.write_text("# operators\nkey-two-0123456789\n")
     client, engine = fake_client(
-        access={"api_keys": ["key-one"], "api_keys_file": str(keys)}, server={"admin_token": "admin-secret"}
+        access={"api_keys": ["key-one-0123456789"], "api_keys_file": str(keys)}, server={"admin_token": "admin-secret-token"}
     )
     for headers in ({}, {"Authorization": "Bearer nope"}):
         response = transcribe(client, headers)
@@ -45,20 +45,20 @@ def test_api_keys_guard_v1_routes(fake_client: AppFactory, tmp_path: Path) -> No
     assert client.get("/v1/models").status_code == 401
     assert engine.requests == []
     assert transcribe(client, KEY).status_code == 200
-    assert transcribe(client, {"Authorization": "Bearer key-two"}).status_code == 200
+    assert transcribe(client, {"Authorization": "Bearer key-two-0123456789"}).status_code == 200
     assert client.get("/health").status_code == 200  # open unless protect_health
     # The admin token opens /v1/* (for admin-only fields); an API key never opens /admin.
-    admin = {"Authorization": "Bearer admin-secret"}
+    admin = {"Authorization": "Bearer admin-secret-token"}
     forced = transcribe(client, admin, ignore_eos="true", max_completion_tokens="30")
     assert forced.status_code == 200 and forced.headers["x-moss-stop"] == "max_tokens"
     assert client.get("/admin/qualify", headers=KEY).status_code == 401
     assert client.get("/metrics").status_code == 200
     backend = client.get("/v1/backend", headers=KEY).text
-    assert "key-one" not in backend and "key-two" not in backend and "admin-secret" not in backend
+    assert "key-one-0123456789" not in backend and "key-two-0123456789" not in backend and "admin-secret-token" not in backend
 
 
 def test_health_and_metrics_can_be_protected(fake_client: AppFactory) -> None:
-    client, _ = fake_client(access={"api_keys": ["key-one"], "protect_health": True, "protect_metrics": True})
+    client, _ = fake_client(access={"api_keys": ["key-one-0123456789"], "protect_health": True, "protect_metrics": True})
     for path in ("/health", "/ready", "/metrics"):
         assert client.get(path).status_code == 401
         assert client.get(path, headers=KEY).status_code == 200
@@ -66,10 +66,10 @@ def test_health_and_metrics_can_be_protected(fake_client: AppFactory) -> None:
 
 def test_no_secret_in_logs(fake_client: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG")
-    client, _ = fake_client(access={"api_keys": ["key-one"]}, server={"admin_token": "admin-secret"})
+    client, _ = fake_client(access={"api_keys": ["key-one-0123456789"]}, server={"admin_token": "admin-secret-token"})
     transcribe(client, {"Authorization": "Bearer wrong-key"})
     transcribe(client, KEY)
-    assert "key-one" not in caplog.text and "wrong-key" not in caplog.text and "admin-secret" not in caplog.text
+    assert "key-one-0123456789" not in caplog.text and "wrong-key" not in caplog.text and "admin-secret-token" not in caplog.text
 
 
 # -- backpressure -------------------------------------------------------------------------------
