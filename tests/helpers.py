@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -44,3 +47,23 @@ def wait_ready(client: TestClient, timeout: float = 10.0) -> None:
 
 
 AppFactory = Callable[..., tuple[TestClient, FakeEngine]]
+
+
+def ledger_lines(client: Any) -> list[dict[str, Any]]:
+    """The request ledger of an in-process app, after its writer thread wrote what was submitted."""
+    ledger = client.app.state.gateway.request_ledger
+    assert ledger.flush(10), "the ledger writer did not catch up"
+    return list(ledger.read())
+
+
+def wait_for_ledger_line(path: Path, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """A gateway process writes its ledger off the request path: wait for the line of `request_id`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if path.is_file():
+            for raw in path.read_text(encoding="utf-8").splitlines():
+                line = json.loads(raw)
+                if line.get("request_id") == request_id:
+                    return line  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, f"no ledger line for {request_id} in {path}"
+        time.sleep(0.05)

@@ -103,7 +103,7 @@ class Accountant:
             "tokens": {"prompt": job.budget.prompt_tokens, "generated": outcome.stop.generated_tokens},
             "timings": {"total_s": _round(total_s), "time_to_first_token_s": _round(outcome.timings.time_to_first_token_s)},
         }
-        await asyncio.to_thread(self.ledger.append, line)
+        self.ledger.submit(line)  # batched by the ledger's writer thread, off the event loop
         if job.params.capture_evidence:
             await asyncio.to_thread(self._write_bundle, outcome, backend)
 
@@ -111,10 +111,7 @@ class Accountant:
         """A request that ended without a transcript (client gone, timeout, engine error)."""
         self.metrics.stops.labels(job.track, "aborted" if status == 499 else "error").inc()
         line = {**self._ledger_base(job, backend, status), "stop": {"stop": "aborted" if status == 499 else "error", "reason": reason}}
-        try:
-            self.ledger.append(line)
-        except OSError:
-            logger.exception("could not write the ledger line of %s", job.request_id)
+        self.ledger.submit(line)  # never blocks: safe in a cancelled task or a closing generator
 
 
     def _ledger_base(self, job: TranscriptionJob, backend: BackendTag, status: int) -> dict[str, Any]:

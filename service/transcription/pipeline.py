@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from service.audio import DecodedAudio, decode_audio
 from service.budget import BudgetPolicy, EngineLimits, TokenBudget, plan_budget
 from service.errors import ErrorCode, GatewayError
+from service.ledger import current_request_id
 from service.longform import plan_cuts
 from service.prompt import build_instruction
 from service.state import GatewayState
@@ -70,7 +71,7 @@ class TranscriptionPipeline:
         self._check_duration(audio, limit, native_only=native_only)
         instruction = build_instruction(params.instruction_override, params.hotwords)
         return TranscriptionJob(
-            request_id=f"trsc-{uuid.uuid4().hex}",
+            request_id=current_request_id() or f"trsc-{uuid.uuid4().hex}",  # the id the ledger layer answers with
             params=params,
             audio=audio,
             instruction=instruction,

@@ -298,7 +298,7 @@ def test_gateway_settings_carry_the_choice_and_a_valid_chunk_policy(tmp_path, ch
         "chunking": chunking,
         "state_dir": str(tmp_path / "state"),
     }
-    settings = pg.gateway_settings(spec, port=1234, token="t")
+    settings = pg.gateway_settings(spec, port=1234, token="t" * 32)
     assert settings.engine.kv_cache_dtype == "fp8"
     policy = ChunkingPolicy(**settings.chunking_defaults())
     assert policy.target_s == pytest.approx(chunking["target_s"])

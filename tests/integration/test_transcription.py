@@ -13,6 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 from gateway_process import ADMIN_TOKEN, GatewayProcess
+from helpers import wait_for_ledger_line
 from openai.types.audio import (
     Transcription,
     TranscriptionDiarized,
@@ -231,8 +232,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(qualified_gatewa
     generated = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
     assert generated < 1800, "the request ran to its end instead of being aborted"
     ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
-    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
-    line = next(x for x in lines if x["request_id"] == request_id)
+    line = wait_for_ledger_line(ledger, request_id)
     assert line["status"] == 499 and line["stop"]["stop"] == "aborted"
 
 
@@ -262,9 +262,8 @@ def test_ledger_and_metrics_move(qualified_gateway: GatewayProcess) -> None:
     assert total(after, "moss_gateway_real_time_factor_count") == total(before, "moss_gateway_real_time_factor_count") + 1
     assert "vllm:num_requests_running" in after  # the engine's own series on the same scrape
     assert total(after, "vllm:generation_tokens_total") > total(before, "vllm:generation_tokens_total")
-    lines = (Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl").read_text().splitlines()
-    last = json.loads(lines[-1])
-    assert last["request_id"] == response.headers["x-request-id"]
+    ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
+    last = wait_for_ledger_line(ledger, response.headers["x-request-id"])
     assert last["stop"]["stop"] == "eos"
     assert last["fingerprint"] == response.headers["x-moss-backend-fingerprint"]
 
@@ -295,7 +294,7 @@ def test_chunked_track_end_to_end(qualified_gateway: GatewayProcess) -> None:
         total(before, "moss_gateway_audio_seconds_total", track="chunked") + 34.0
     )
     ledger = Path(qualified_gateway.env["MOSS_GATEWAY_STATE_DIR"]) / "ledger" / "requests.jsonl"
-    line = json.loads(ledger.read_text().splitlines()[-1])
+    line = wait_for_ledger_line(ledger, response.headers["x-request-id"])
     assert line["track"] == "chunked" and line["cut_plan_sha256"] == evidence["cut_plan"]["sha256"]
 
 

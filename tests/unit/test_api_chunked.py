@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import soundfile as sf
-from helpers import AppFactory
+from helpers import AppFactory, ledger_lines
 
 LONGFORM = {"target_s": 10.0, "overlap_s": 2.0, "search_s": 3.0, "max_chunk_s": 16.0}
 
@@ -50,7 +50,7 @@ def test_chunked_request_reports_cuts_chunks_and_track(fake_client: AppFactory, 
     assert evidence["speakers"]["mapping"]  # chunk-local -> global labels kept in the evidence
     assert body["usage"] == {"type": "duration", "seconds": 30.0}  # OpenAI's verbose usage kind
     assert evidence["tokens"]["generated"] == sum(c["stop"]["generated_tokens"] for c in evidence["chunks"])
-    line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
+    line = ledger_lines(client)[-1]
     assert line["track"] == "chunked" and line["cut_plan_sha256"] == plan["sha256"]
     assert len(line["chunks"]) == 3
     metrics = client.get("/metrics").text
@@ -93,7 +93,7 @@ def test_auto_runs_one_native_pass_when_the_audio_fits(fake_client: AppFactory, 
     response = transcribe(client, speech_with_pauses(), chunking_strategy="auto", response_format="diarized_json")
     assert response.status_code == 200, response.text
     assert response.headers["x-moss-track"] == "native" and len(engine.requests) == 1
-    line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
+    line = ledger_lines(client)[-1]
     assert line["track"] == "native" and line["track_requested"] == "auto"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from fake_engine import EOS, FakeEngine
-from helpers import AppFactory, make_wav
+from helpers import AppFactory, ledger_lines, make_wav
 
 SCRIPT = "[0.50][S01]Good morning everyone.[1.68][2.60][S02]The pipeline is ready.[3.71]"
 
@@ -204,7 +204,7 @@ def test_request_ledger_gets_one_line_per_response(fake_client: AppFactory, tmp_
     client, _ = fake_client()
     post(client, make_wav(4.0))
     post(client, make_wav(4.0), max_completion_tokens="10")
-    lines = [json.loads(line) for line in (tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()]
+    lines = ledger_lines(client)
     assert [line["stop"]["stop"] for line in lines] == ["eos", "max_tokens"]
     assert lines[1]["budget"]["max_tokens"] == 10
     assert all(line["fingerprint"] == "f" * 64 and len(line["audio_sha256"]) == 64 for line in lines)

@@ -16,7 +16,8 @@ def _args(tmp_path: Path, **fields: Any) -> Any:
     from service.engine.vllm_engine import VllmTranscriptionEngine
 
     engine = VllmTranscriptionEngine(
-        EngineSettings(**fields), model_dir=tmp_path, max_num_batched_tokens=4096, max_audio_samples=16_000
+        EngineSettings(**fields), model_dir=tmp_path, max_num_batched_tokens=4096, max_audio_samples=16_000,
+        shutdown_timeout_s=5.0,
     )
     return engine.engine_args()
 

@@ -59,6 +59,8 @@ def test_an_unqualified_replica_stays_out_and_each_answers_for_itself(tmp_path: 
         assert sorted({(a["x-moss-backend-fingerprint"], a["x-moss-qualification-id"]) for a in answers}) == [
             ("a" * 64, "q-aaaaaa"), ("b" * 64, "q-bbbbbb"),
         ]
+        for client in (qualified, unqualified):
+            assert client.app.state.gateway.request_ledger.flush(10)  # type: ignore[attr-defined]
         for name, fingerprint in (("a", "a" * 64), ("b", "b" * 64)):
             lines = (tmp_path / name / "ledger" / "requests.jsonl").read_text().splitlines()
             assert {json.loads(line)["fingerprint"] for line in lines} == {fingerprint}
