@@ -76,6 +76,9 @@ class GenerationUpdate:
     text: str = ""
     timings: EngineTimings | None = None
     logprobs: list[dict[int, float]] | None = None
+    #: The expanded prompt the engine ran (final update only, where the engine reports it):
+    #: qualification compares it with the reference's.
+    prompt_token_ids: list[int] | None = None
 
 
 class EngineDeadError(RuntimeError):
