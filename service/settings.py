@@ -23,7 +23,7 @@ NATIVE_MAX_DURATION_S = 90 * 60.0
 EMBEDDED_MAX_DURATION_S = 120.0
 #: Parity's near-tie margin (nats), derived from measured BF16-against-float32 noise of the
 #: reference (qualification/calibration/, README "The qualification gate").
-DEFAULT_NEAR_TIE_LOGPROB_MARGIN = 0.5
+DEFAULT_NEAR_TIE_LOGPROB_MARGIN = 1.15
 
 
 class ServerSettings(BaseModel):

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from qualification.calibrate import distribution, flips, pair_gap_noise, suggest_margin, token_noise
+from service.settings import QualificationSettings
+
+CALIBRATION = Path(__file__).resolve().parents[2] / "qualification" / "calibration" / "tiny-cpu-bf16.json"
 
 
 def logprobs(rows: list[list[float]]) -> np.ndarray:
@@ -42,3 +48,11 @@ def test_distribution_quantiles() -> None:
     stats = distribution(np.arange(1001, dtype=np.float64))
     assert (stats["count"], stats["p50"], stats["max"]) == (1001, 500.0, 1000.0)
     assert stats["p99.9"] == pytest.approx(999.0)
+
+
+def test_the_default_margin_is_the_recorded_calibrations() -> None:
+    """The setting's default, the recorded measurement and the derivation rule agree."""
+    recorded = json.loads(CALIBRATION.read_text())
+    largest = max([recorded["pair_gap_abs_diff"]["max"], *(flip["high_gap"] for flip in recorded["flips"])])
+    assert recorded["suggested_margin"] == suggest_margin(np.array([largest]), [], safety=recorded["safety_factor"])
+    assert QualificationSettings().near_tie_logprob_margin == recorded["suggested_margin"]

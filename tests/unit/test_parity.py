@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from qualification.parity import ForcedStep, compare_runs
+from service.settings import QualificationSettings
 
 REFERENCE = [0, 1, 2, 3]
 MARGIN = 0.5
@@ -82,11 +83,11 @@ def test_the_margin_boundary_is_inclusive(gap: float, verdict: str) -> None:
 
 
 def test_a_second_choice_sixteen_times_less_likely_is_no_tie() -> None:
-    """The old relative rule (2 % of a top logit of 140) called this a near tie; a log-prob margin does not."""
+    """The old relative rule (2 % of a top logit of 140) called this a near tie; the default margin does not."""
     forced = [ForcedStep(7, math.log(16 / 17), math.log(1 / 17))]
     result = compare_runs(
         reference_ids=[7], reference_stop="eos", candidate_ids=[8], candidate_stop="eos", forced=forced,
-        policy="explainable", margin=MARGIN,
+        policy="explainable", margin=QualificationSettings().near_tie_logprob_margin,
     )
     assert result.verdict == "failed"
     assert result.first_divergence.reference_margin == pytest.approx(math.log(16))
