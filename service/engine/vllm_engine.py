@@ -227,7 +227,7 @@ class VllmTranscriptionEngine:
                     token_ids_delta=new_ids,
                     num_generated=len(all_ids),
                     prompt_token_count=len(output.prompt_token_ids or ()),
-                    prompt_token_ids=list(output.prompt_token_ids or ()) if finished else None,
+                    prompt_token_ids=list(output.prompt_token_ids) if finished and output.prompt_token_ids else None,
                     finished=finished,
                     logprobs=_logprob_dicts(completion.logprobs),
                 )
