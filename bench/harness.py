@@ -326,7 +326,9 @@ class EngineBench:
     def _qualification_summary(self, state: Any) -> dict[str, Any] | None:
         from qualification.records import RecordStore
 
-        store = RecordStore(state.settings.state_dir / "qualification")
+        store = RecordStore(
+            state.settings.state_dir / "qualification", key_path=state.settings.qualification.record_key_path
+        )
         latest = None
         for check in store.all():
             record = check.record
@@ -514,8 +516,6 @@ class EngineBench:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from service.prompt import build_prompt
-
         llm = engine._engine  # the adapter's AsyncLLMEngine (bench-only access)
         records: list[dict[str, Any]] = []
 
@@ -524,7 +524,7 @@ class EngineBench:
                 max_tokens=max_tokens, temperature=0.0, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
             )
             prompt = {
-                "prompt": build_prompt(instruction),
+                "prompt_token_ids": engine.prompt_token_ids(instruction),  # what the adapter sends
                 "multi_modal_data": {"audio": (audios[index], engine.sample_rate)},
             }
             started = time.perf_counter()

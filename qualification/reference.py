@@ -1,17 +1,20 @@
 """The instrumented Transformers reference run.
 
-Loads the checkpoint with its own remote code (`trust_remote_code`), runs greedy
-`generate` on the clip with the gateway's exact prompt, and keeps what parity
-needs: generated token IDs, the per-step top-2 logits, the effective generation
-config, the stop and the timings. Runs as a child process of the gateway
-(`python -m qualification.reference ...`), so its memory is returned afterwards.
+Loads the checkpoint with its own remote code (`trust_remote_code`), builds the
+gateway's exact prompt IDs (`service.prompt.PromptBuilder`, the same IDs the
+engine receives) with the audio span expanded by the checkpoint's own processor,
+and runs greedy `generate`, keeping what parity needs: generated token IDs, the
+per-step top-2 logits, the effective generation config, the stop and the
+timings. With `--score` it instead teacher-forces the reference along given
+token sequences (the engine's) and returns, at every position, the reference's
+top choice and log-probabilities (`score_sequences`). Runs as a child process of
+the gateway (`python -m qualification.reference ...`), so its memory is returned
+afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.metadata
 import json
 import resource
 import sys
@@ -21,26 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from service.prompt import AUDIO_PLACEHOLDER, PromptBuilder
 
-def reference_identity(model_dir: Path, *, dtype: str, device: str) -> dict[str, Any]:
-    """What can change the reference's output (its cache key)."""
-    remote = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(model_dir.glob("*.py"))}
-    weights = {
-        p.name: f"{p.stat().st_size}:{p.stat().st_mtime_ns}"
-        for p in sorted(model_dir.glob("*.safetensors"))
-    }
-    import torch
-
-    return {
-        "transformers": importlib.metadata.version("transformers"),
-        "torch": torch.__version__,
-        "remote_code_sha256": remote,
-        "weights_stat": weights,
-        "config_sha256": hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest(),
-        "revision": (model_dir / "REVISION").read_text().strip() if (model_dir / "REVISION").is_file() else None,
-        "dtype": dtype,
-        "device": device,
-    }
+#: This module's source: part of the cached reference's key (its output format and method).
+REFERENCE_CODE_PATH = Path(__file__).resolve()
 
 
 def load_generation_model(model_dir: Path, *, dtype: Any) -> Any:
@@ -55,6 +42,81 @@ def load_generation_model(model_dir: Path, *, dtype: Any) -> Any:
             model_class = get_class_from_dynamic_module(reference, str(model_dir))
             return model_class.from_pretrained(str(model_dir), dtype=dtype)
     return AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=True, dtype=dtype)
+
+
+def reference_inputs(processor: Any, audio: np.ndarray, instruction: str) -> dict[str, Any]:
+    """Model inputs (numpy) for `audio` with the gateway's prompt IDs.
+
+    The processor sees only the bare placeholder (so no user text reaches its
+    tokenizer); its expansion of that placeholder (audio start, pads and time
+    markers, audio end) replaces the placeholder in the builder's IDs.
+    """
+    builder = PromptBuilder(processor.tokenizer)
+    encoded = processor(text=AUDIO_PLACEHOLDER, audio=[np.asarray(audio, dtype=np.float32)], return_tensors="np")
+    span = [int(token_id) for token_id in encoded["input_ids"][0].tolist()]
+    ids = builder.expand(builder.prompt_ids(instruction), span)
+    inputs = {key: value for key, value in encoded.items() if key not in ("input_ids", "attention_mask")}
+    inputs["input_ids"] = np.asarray([ids], dtype=np.int64)
+    inputs["attention_mask"] = np.ones((1, len(ids)), dtype=np.int64)
+    return inputs
+
+
+class ReferenceModel:
+    """The checkpoint's model and processor, loaded once, with the clip's inputs ready."""
+
+    def __init__(self, model_dir: Path, *, audio: np.ndarray, instruction: str, dtype: str, device: str) -> None:
+        import torch
+        from transformers import AutoProcessor
+
+        started = time.perf_counter()
+        self.device = device
+        self.torch_dtype = getattr(torch, dtype)
+        self.processor = AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
+        self.model = load_generation_model(model_dir, dtype=self.torch_dtype).to(device).eval()
+        self.load_s = time.perf_counter() - started
+        inputs = {key: torch.from_numpy(value).to(device) for key, value in reference_inputs(
+            self.processor, audio, instruction
+        ).items()}
+        if "input_features" in inputs:
+            inputs["input_features"] = inputs["input_features"].to(self.torch_dtype)
+        self.inputs = inputs
+        self.prompt_ids = [int(t) for t in inputs["input_ids"][0].tolist()]
+
+    def score(self, tokens: list[int]) -> list[list[float]]:
+        """Teacher-forced: `[top_id, top_logprob, token_logprob]` for each of `tokens`, one forward."""
+        import torch
+
+        if not tokens:
+            return []
+        prompt = self.inputs["input_ids"]
+        forced = torch.tensor([tokens[:-1]], dtype=prompt.dtype, device=self.device)
+        input_ids = torch.cat([prompt, forced], dim=1)
+        inputs = {**self.inputs, "input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        with torch.inference_mode():
+            logits = self.model(**inputs, use_cache=False, logits_to_keep=len(tokens)).logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        top_values, top_ids = logprobs.max(dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(tokens, device=logprobs.device).unsqueeze(1)).squeeze(1)
+        return [
+            [int(i), float(v), float(c)]
+            for i, v, c in zip(top_ids.tolist(), top_values.tolist(), chosen.tolist(), strict=True)
+        ]
+
+
+def score_sequences(
+    *, model_dir: Path, audio: np.ndarray, instruction: str, sequences: list[list[int]], dtype: str, device: str
+) -> dict[str, Any]:
+    """The reference teacher-forced along each sequence (the engine's runs that differ from it)."""
+    reference = ReferenceModel(model_dir, audio=audio, instruction=instruction, dtype=dtype, device=device)
+    started = time.perf_counter()
+    scored = [reference.score([int(t) for t in tokens]) for tokens in sequences]
+    return {
+        "prompt_ids": reference.prompt_ids,
+        "scored": scored,
+        "timings": {"load_s": round(reference.load_s, 4), "score_s": round(time.perf_counter() - started, 4)},
+        "dtype": dtype,
+        "device": device,
+    }
 
 
 class _FirstTokenClock:
@@ -83,21 +145,10 @@ def run_reference(
     device: str = "cpu",
 ) -> dict[str, Any]:
     import torch
-    from transformers import AutoProcessor
-
-    from service.prompt import build_prompt
 
     torch.manual_seed(0)
-    started = time.perf_counter()
-    processor = AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
-    model = load_generation_model(model_dir, dtype=getattr(torch, dtype))
-    model = model.to(device).eval()
-    load_s = time.perf_counter() - started
-
-    inputs = processor(text=build_prompt(instruction), audio=[audio.astype(np.float32)], return_tensors="pt")
-    inputs = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in inputs.items()}
-    if "input_features" in inputs:
-        inputs["input_features"] = inputs["input_features"].to(getattr(torch, dtype))
+    reference = ReferenceModel(model_dir, audio=audio, instruction=instruction, dtype=dtype, device=device)
+    model = reference.model
     generation_config = model.generation_config
     eos = generation_config.eos_token_id
     eos_ids = [int(x) for x in (eos if isinstance(eos, list) else [eos]) if x is not None]
@@ -107,7 +158,7 @@ def run_reference(
     generate_started = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            **inputs,
+            **reference.inputs,
             max_new_tokens=max_new_tokens,
             do_sample=False,
             num_beams=1,
@@ -117,7 +168,7 @@ def run_reference(
             streamer=clock,
         )
     finished = time.perf_counter()
-    prompt_len = int(inputs["input_ids"].shape[1])
+    prompt_len = len(reference.prompt_ids)
     generated = [int(t) for t in out.sequences[0, prompt_len:].tolist()]
     top2: list[list[float]] = []
     for step_logits in out.logits:
@@ -127,10 +178,9 @@ def run_reference(
     first = clock.first_token_at or finished
     decode_s = finished - first
     return {
-        "identity": reference_identity(model_dir, dtype=dtype, device=device),
-        "prompt_ids": [int(t) for t in inputs["input_ids"][0].tolist()],
+        "prompt_ids": reference.prompt_ids,
         "token_ids": generated,
-        "text": processor.tokenizer.decode(generated, skip_special_tokens=True),
+        "text": reference.processor.tokenizer.decode(generated, skip_special_tokens=True),
         "stop": stop,
         "eos_token_ids": eos_ids,
         "top2": top2,
@@ -142,7 +192,7 @@ def run_reference(
             "checkpoint_generation_config": generation_config.to_dict(),
         },
         "timings": {
-            "load_s": round(load_s, 4),
+            "load_s": round(reference.load_s, 4),
             "prefill_s": round(first - generate_started, 4),
             "decode_tokens_per_s": round((len(generated) - 1) / decode_s, 3) if decode_s > 0 and len(generated) > 1 else None,
             "total_s": round(finished - generate_started, 4),
@@ -160,19 +210,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--audio", type=Path, required=True, help="float32 .npy of 16 kHz mono samples")
     parser.add_argument("--instruction", required=True)
-    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--score", type=Path, help="JSON list of token sequences: teacher-force the reference along each instead"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    result = run_reference(
-        model_dir=args.model,
-        audio=np.load(args.audio),
-        instruction=args.instruction,
-        max_new_tokens=args.max_new_tokens,
-        dtype=args.dtype,
-        device=args.device,
-    )
+    audio = np.load(args.audio)
+    if args.score is not None:
+        result = score_sequences(
+            model_dir=args.model, audio=audio, instruction=args.instruction,
+            sequences=json.loads(args.score.read_text()), dtype=args.dtype, device=args.device,
+        )
+    else:
+        result = run_reference(
+            model_dir=args.model, audio=audio, instruction=args.instruction,
+            max_new_tokens=args.max_new_tokens, dtype=args.dtype, device=args.device,
+        )
     args.out.write_text(json.dumps(result))
     return 0
 

@@ -9,7 +9,9 @@ made here, so a verdict cannot be forged from outside.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -26,12 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from qualification.parity import ParityResult, StepTop2, compare_runs
+from qualification.parity import ForcedStep, ParityResult, compare_runs
 from qualification.records import RecordStore, canonical_json
+from qualification.reference import REFERENCE_CODE_PATH
 from service.engine.protocol import GenerationRequest, TranscriptionEngine
 from service.evidence import classify_stop
+from service.identity import checkpoint_identity, file_hash
 from service.ledger import write_json_atomic
-from service.prompt import build_instruction, build_prompt
+from service.prompt import PROMPT_CODE_PATH, PROMPT_TEMPLATE, build_instruction, build_prompt
 from service.settings import QualificationSettings
 
 logger = logging.getLogger(__name__)
@@ -80,39 +84,52 @@ def batch_companions(samples: np.ndarray, count: int) -> list[np.ndarray]:
     return variants
 
 
-async def run_reference_subprocess(
-    *, model_dir: Path, clip: Clip, instruction: str, settings: QualificationSettings, cache_dir: Path, progress: Progress
+def reference_identity(
+    *, model_dir: Path, backend_identity: dict[str, Any], engine_model_dir: Path, settings: QualificationSettings
 ) -> dict[str, Any]:
-    """The Transformers reference, cached by reference identity, clip, prompt and budget."""
-    from qualification.reference import reference_identity
+    """What can change the reference's output: its stack and every file hash of its checkpoint.
 
-    identity = reference_identity(model_dir, dtype=settings.reference_dtype, device=settings.reference_device)
-    key = hashlib.sha256(
-        canonical_json(
-            {
-                "identity": identity,
-                "clip": clip.sha256_samples,
-                "prompt": build_prompt(instruction),
-                "max_new_tokens": settings.max_new_tokens,
-            }
-        )
-    ).hexdigest()
-    cached = cache_dir / f"{key}.json"
-    if cached.is_file():
-        progress(f"reference: cached result {key[:12]} reused")
-        result = json.loads(cached.read_text())
-        result["cached"] = True
-        return result
-    progress("reference: running Transformers generate (child process)")
+    The hashes are the backend identity's own (weights, configs, tokenizer,
+    processor, generation config, remote code) when the reference loads the
+    engine's checkpoint; a separate reference checkpoint is hashed by the same
+    memoised `checkpoint_identity`, so no file is hashed twice.
+    """
+    if model_dir.resolve() == engine_model_dir.resolve() and "checkpoint" in backend_identity:
+        checkpoint = backend_identity["checkpoint"]
+    else:
+        checkpoint = checkpoint_identity(model_dir, revision=None)
+    runtime = backend_identity.get("runtime", {})
+    return {
+        "transformers": runtime.get("transformers") or importlib.metadata.version("transformers"),
+        "torch": (runtime.get("torch") or {}).get("version"),
+        "checkpoint": checkpoint,
+        "code_sha256": {path.name: file_hash(path) for path in (REFERENCE_CODE_PATH, PROMPT_CODE_PATH)},
+        "dtype": settings.reference_dtype,
+        "device": settings.reference_device,
+    }
+
+
+async def _reference_child(
+    *, model_dir: Path, clip: Clip, instruction: str, settings: QualificationSettings, extra: list[str]
+) -> dict[str, Any]:
+    """`python -m qualification.reference` on the clip; its JSON result."""
     with tempfile.TemporaryDirectory(prefix="moss-ref-") as tmp:
         audio_path = Path(tmp) / "clip.npy"
         out_path = Path(tmp) / "reference.json"
         np.save(audio_path, clip.samples)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "qualification.reference",
+        arguments = [
             "--model", str(model_dir), "--audio", str(audio_path), "--instruction", instruction,
             "--max-new-tokens", str(settings.max_new_tokens), "--dtype", settings.reference_dtype,
             "--device", settings.reference_device, "--out", str(out_path),
+        ]
+        for index, value in enumerate(extra):
+            if value.startswith("@"):  # a JSON document passed through a file
+                path = Path(tmp) / f"arg{index}.json"
+                path.write_text(value[1:])
+                value = str(path)
+            arguments.append(value)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "qualification.reference", *arguments,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent),
         )
@@ -120,12 +137,94 @@ async def run_reference_subprocess(
         if process.returncode != 0:
             tail = output.decode(errors="replace")[-2000:]
             raise RuntimeError(f"the reference run failed (exit {process.returncode}): {tail}")
-        result = json.loads(out_path.read_text())
+        return json.loads(out_path.read_text())
+
+
+def reference_cache_key(*, identity: dict[str, Any], clip: Clip, instruction: str, max_new_tokens: int) -> str:
+    return hashlib.sha256(
+        canonical_json(
+            {
+                "identity": identity,
+                "clip": clip.sha256_samples,
+                "template": PROMPT_TEMPLATE,
+                "instruction": instruction,
+                "max_new_tokens": max_new_tokens,
+            }
+        )
+    ).hexdigest()
+
+
+def read_cached_reference(store: RecordStore, path: Path, key: str) -> dict[str, Any] | None:
+    """A cached reference run, only if it is sealed with the gate's key and made for `key`."""
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        logger.warning("cached reference %s unreadable (%s): running the reference again", path.name, exc)
+        return None
+    body = store.verify(document)
+    if body is None:
+        logger.warning("cached reference %s: seal mismatch (altered or foreign); running the reference again", path.name)
+        return None
+    if body.get("cache_key") != key:
+        logger.warning("cached reference %s was made for another key; running the reference again", path.name)
+        return None
+    return body
+
+
+async def run_reference_subprocess(
+    *,
+    model_dir: Path,
+    clip: Clip,
+    instruction: str,
+    settings: QualificationSettings,
+    store: RecordStore,
+    identity: dict[str, Any],
+    progress: Progress,
+) -> dict[str, Any]:
+    """The Transformers reference, cached (sealed) by its identity, clip, prompt and budget."""
+    key = reference_cache_key(
+        identity=identity, clip=clip, instruction=instruction, max_new_tokens=settings.max_new_tokens
+    )
+    cached = store.root / "reference-cache" / f"{key}.json"
+    result = read_cached_reference(store, cached, key)
+    if result is not None:
+        progress(f"reference: cached result {key[:12]} reused")
+        return {**result, "cached": True}
+    progress("reference: running Transformers generate (child process)")
+    result = await _reference_child(
+        model_dir=model_dir, clip=clip, instruction=instruction, settings=settings, extra=[]
+    )
+    result["identity"] = identity
     result["cache_key"] = key
-    write_json_atomic(cached, result)
-    result["cached"] = False
+    await asyncio.to_thread(write_json_atomic, cached, store.sealed(result))
     progress(f"reference: {len(result['token_ids'])} tokens, stop {result['stop']}")
-    return result
+    return {**result, "cached": False}
+
+
+async def score_candidates(
+    *,
+    model_dir: Path,
+    clip: Clip,
+    instruction: str,
+    settings: QualificationSettings,
+    sequences: list[list[int]],
+    progress: Progress,
+) -> dict[tuple[int, ...], list[ForcedStep]]:
+    """The reference teacher-forced along each engine sequence that differs from its own run."""
+    unique = sorted({tuple(sequence) for sequence in sequences})
+    if not unique:
+        return {}
+    progress(f"reference: teacher-forcing along {len(unique)} diverging engine run(s) (child process)")
+    result = await _reference_child(
+        model_dir=model_dir, clip=clip, instruction=instruction, settings=settings,
+        extra=["--score", "@" + json.dumps([list(sequence) for sequence in unique])],
+    )
+    return {
+        sequence: [ForcedStep(int(top), float(top_lp), float(token_lp)) for top, top_lp, token_lp in scored]
+        for sequence, scored in zip(unique, result["scored"], strict=True)
+    }
 
 
 async def run_candidate(engine: TranscriptionEngine, audio: np.ndarray, instruction: str, max_tokens: int) -> dict[str, Any]:
@@ -160,6 +259,7 @@ async def run_candidate(engine: TranscriptionEngine, audio: np.ndarray, instruct
         "finish_reason": final.finish_reason,
         "stop_reason": final.stop_reason,
         "prompt_tokens": final.prompt_token_count,
+        "prompt_token_ids": final.prompt_token_ids,
         "timings": {
             "prefill_s": None if ttft is None else round(ttft, 4),
             "decode_tokens_per_s": round((n - 1) / decode_s, 3) if decode_s and n > 1 else None,
@@ -168,18 +268,38 @@ async def run_candidate(engine: TranscriptionEngine, audio: np.ndarray, instruct
     }
 
 
-def _compare(reference: dict[str, Any], candidate: dict[str, Any], settings: QualificationSettings, token_text: Callable[[int], str]) -> ParityResult:
-    return compare_runs(
+def _compare(
+    reference: dict[str, Any],
+    candidate: dict[str, Any],
+    forced: dict[tuple[int, ...], list[ForcedStep]],
+    settings: QualificationSettings,
+    token_text: Callable[[int], str],
+) -> ParityResult:
+    result = compare_runs(
         reference_ids=reference["token_ids"],
         reference_stop=reference["stop"],
-        reference_top2=[StepTop2(int(a), float(b), int(c), float(d)) for a, b, c, d in reference["top2"]],
         candidate_ids=candidate["token_ids"],
         candidate_stop=candidate["stop"],
+        forced=forced.get(tuple(candidate["token_ids"])),
         policy=settings.policy,
-        tolerance=settings.margin_tolerance,
-        relative_tolerance=settings.margin_relative_tolerance,
+        margin=settings.near_tie_logprob_margin,
         token_text=token_text,
     )
+    engine_prompt = candidate.get("prompt_token_ids")
+    if engine_prompt is not None and list(engine_prompt) != list(reference["prompt_ids"]):
+        # Parity of outputs means nothing if the two did not read the same prompt.
+        return dataclasses.replace(
+            result, verdict="failed", passed=False,
+            explanation=f"the engine's prompt IDs ({len(engine_prompt)}) differ from the reference's "
+            f"({len(reference['prompt_ids'])}); {result.explanation}",
+        )
+    return result
+
+
+def _forced_evidence(forced: dict[tuple[int, ...], list[ForcedStep]], token_ids: list[int]) -> list[list[float]] | None:
+    """The teacher-forced reference along a diverging run, `[top_id, top_logprob, token_logprob]` per token."""
+    steps = forced.get(tuple(token_ids))
+    return None if steps is None else [[step.top_id, step.top_logprob, step.token_logprob] for step in steps]
 
 
 def _device_peak_bytes() -> int | None:
@@ -211,15 +331,17 @@ async def qualify(
     instruction = build_instruction(instruction)
     clip = load_clip(clip_path)
     say(f"clip {clip.name}: {clip.duration_s:.2f} s, sha256 {clip.sha256_file[:12]}")
-    store = RecordStore(state_dir / "qualification")
+    store = RecordStore(state_dir / "qualification", key_path=settings.record_key_path)
+    reference_dir = settings.reference_model or model_dir
     reference = await run_reference_subprocess(
-        model_dir=settings.reference_model or model_dir, clip=clip, instruction=instruction, settings=settings,
-        cache_dir=store.root / "reference-cache", progress=say,
+        model_dir=reference_dir, clip=clip, instruction=instruction, settings=settings, store=store,
+        identity=reference_identity(
+            model_dir=reference_dir, backend_identity=identity, engine_model_dir=model_dir, settings=settings
+        ),
+        progress=say,
     )
     say("candidate: single request on the serving engine")
     candidate = await run_candidate(engine, clip.samples, instruction, settings.max_new_tokens)
-    single = _compare(reference, candidate, settings, engine.token_text)
-    say(f"candidate: {single.verdict} ({single.explanation})")
 
     say(f"batch: the clip among {settings.batch_size} concurrent requests")
     companions = batch_companions(clip.samples, settings.batch_size - 1)
@@ -227,7 +349,14 @@ async def qualify(
         run_candidate(engine, clip.samples, instruction, settings.max_new_tokens),
         *(run_candidate(engine, audio, instruction, settings.max_new_tokens) for audio in companions),
     )
-    batched = _compare(reference, runs[0], settings, engine.token_text)
+    diverging = [run["token_ids"] for run in (candidate, runs[0]) if run["token_ids"] != reference["token_ids"]]
+    forced = await score_candidates(
+        model_dir=reference_dir, clip=clip, instruction=instruction, settings=settings, sequences=diverging,
+        progress=say,
+    )
+    single = _compare(reference, candidate, forced, settings, engine.token_text)
+    say(f"candidate: {single.verdict} ({single.explanation})")
+    batched = _compare(reference, runs[0], forced, settings, engine.token_text)
     say(f"batch: {batched.verdict} ({batched.explanation})")
 
     device = identity.get("runtime", {}).get("accelerator", {}).get("kind", "cpu")
@@ -240,7 +369,12 @@ async def qualify(
             "name": clip.name, "sha256": clip.sha256_file, "samples_sha256": clip.sha256_samples,
             "duration_s": round(clip.duration_s, 3),
         },
-        "prompt": {"instruction": instruction, "text": build_prompt(instruction)},
+        "prompt": {
+            "instruction": instruction,
+            "text": build_prompt(instruction),
+            "token_ids": reference["prompt_ids"],
+            "engine_token_ids_match": candidate.get("prompt_token_ids") == reference["prompt_ids"],
+        },
         "decoding": {"greedy": True, "temperature": 0.0, "max_new_tokens": settings.max_new_tokens},
         "reference": {
             "identity": reference["identity"],
@@ -251,19 +385,28 @@ async def qualify(
             "cache_key": reference.get("cache_key"),
             "top2_at_divergence": None,
         },
-        "candidate": {k: candidate[k] for k in ("token_ids", "text", "stop", "finish_reason", "stop_reason")},
+        "candidate": {
+            **{k: candidate[k] for k in ("token_ids", "text", "stop", "finish_reason", "stop_reason")},
+            "reference_forced": _forced_evidence(forced, candidate["token_ids"]),
+        },
         "batched": {
             "batch_size": settings.batch_size,
-            "clip_run": {k: runs[0][k] for k in ("token_ids", "text", "stop", "finish_reason", "stop_reason")},
+            "clip_run": {
+                **{k: runs[0][k] for k in ("token_ids", "text", "stop", "finish_reason", "stop_reason")},
+                "reference_forced": _forced_evidence(forced, runs[0]["token_ids"]),
+            },
             "companion_generated_tokens": [len(run["token_ids"]) for run in runs[1:]],
             "parity": batched.as_dict(),
         },
         "verdict": {
             "result": single.verdict,
             "policy": settings.policy,
-            "tolerance": settings.margin_tolerance,
-            "relative_tolerance": settings.margin_relative_tolerance,
+            "near_tie_logprob_margin": settings.near_tie_logprob_margin,
             "passed": single.passed,
+            "near_ties": single.near_ties,
+            "largest_margin_used": single.largest_margin_used,
+            "batched_near_ties": batched.near_ties,
+            "batched_largest_margin_used": batched.largest_margin_used,
             "batched_result": batched.verdict,
             "batched_passed": batched.passed,
             "evidence": single.as_dict(),

@@ -254,8 +254,11 @@ def create_app(
     settings = settings or GatewaySettings()
     factory = engine_factory or vllm_engine_factory
     if on_ready is None and engine_factory is None:
-        from service.gate import open_gate_from_records
+        from service.gate import open_gate_from_records, record_store_for
 
+        # The records' sealing key is checked now (RecordKeyError): an empty, short or readable key
+        # refuses the start instead of surfacing at the first qualification.
+        record_store_for(settings)
         on_ready = open_gate_from_records
 
     @contextlib.asynccontextmanager

@@ -15,13 +15,19 @@ from typing import Any
 
 from qualification.records import RecordStore, fingerprint_of
 from service.identity import resolve_identity
+from service.settings import GatewaySettings
 from service.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
 
+def record_store_for(settings: GatewaySettings) -> RecordStore:
+    """The qualification records and their sealing key (checked here: `RecordKeyError` if untrusted)."""
+    return RecordStore(settings.state_dir / "qualification", key_path=settings.qualification.record_key_path)
+
+
 def record_store(state: GatewayState) -> RecordStore:
-    return RecordStore(state.settings.state_dir / "qualification")
+    return record_store_for(state.settings)
 
 
 async def resolve_backend_identity(state: GatewayState) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from service import __version__
-from service.prompt import DEFAULT_INSTRUCTION, PROMPT_TEMPLATE
+from service.prompt import DEFAULT_INSTRUCTION, PROMPT_CODE_PATH, PROMPT_TEMPLATE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINT_FILES = (
@@ -167,6 +167,8 @@ def prompt_identity() -> dict[str, str]:
     return {
         "template_sha256": hashlib.sha256(PROMPT_TEMPLATE.encode()).hexdigest(),
         "default_instruction_sha256": hashlib.sha256(DEFAULT_INSTRUCTION.encode()).hexdigest(),
+        # How user text becomes token IDs (the escaping of reserved tokens) shapes the prompt too.
+        "builder_sha256": file_hash(PROMPT_CODE_PATH),
     }
 
 

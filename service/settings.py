@@ -41,6 +41,10 @@ def check_secret(value: str, what: str) -> str:
         )
     return value
 
+#: Parity's near-tie margin (nats), derived from measured BF16-against-float32 noise of the
+#: reference (qualification/calibration/, README "The qualification gate").
+DEFAULT_NEAR_TIE_LOGPROB_MARGIN = 1.15
+
 
 class ServerSettings(BaseModel):
     """HTTP front."""
@@ -258,15 +262,13 @@ class QualificationSettings(BaseModel):
     """The gate: no transcription before the serving backend matched the reference."""
 
     policy: Literal["strict", "explainable"] = "explainable"
-    margin_tolerance: float = Field(
-        0.05, ge=0, description="Reference top-2 logit margin below which a divergence is a near-tie."
-    )
-    margin_relative_tolerance: float = Field(
-        0.02,
+    near_tie_logprob_margin: float = Field(
+        DEFAULT_NEAR_TIE_LOGPROB_MARGIN,
         ge=0,
         description=(
-            "Near-tie tolerance relative to the reference's top-1 logit (BF16 resolves large logits coarsely); "
-            "the larger of the two tolerances applies."
+            "Near-tie margin of the parity rule, in nats: an engine token that is not the teacher-forced "
+            "reference's top choice passes when log p_top - log p_token is at most this. The default is "
+            "calibrated on measured BF16-against-float32 noise (python -m qualification.calibrate; README)."
         ),
     )
     max_new_tokens: int = Field(256, gt=0, description="Budget of both qualification runs.")
@@ -284,6 +286,15 @@ class QualificationSettings(BaseModel):
     )
     reference_device: str = Field("cpu", description="Device of the Transformers reference.")
     reference_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    record_key_path: Path | None = Field(
+        None,
+        description=(
+            "The HMAC key file sealing qualification records and cached reference runs (hex, at least 32 bytes, "
+            "mode 0600 or stricter). Unset: record.key in the state directory's qualification folder, created on "
+            "first use. Point it outside the state directory (a mounted secret) so that write access to the "
+            "records is not enough to forge one."
+        ),
+    )
 
 
 class LongformSettings(BaseModel):

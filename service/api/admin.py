@@ -74,6 +74,11 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
         "batched_passed": verdict["batched_passed"],
         "explanation": verdict["evidence"]["explanation"],
         "first_divergence": verdict["evidence"]["first_divergence"],
+        "near_tie_logprob_margin": verdict.get("near_tie_logprob_margin"),
+        "near_ties": verdict.get("near_ties"),
+        "largest_margin_used": verdict.get("largest_margin_used"),
+        "batched_near_ties": verdict.get("batched_near_ties"),
+        "batched_largest_margin_used": verdict.get("batched_largest_margin_used"),
         "comparison": record["comparison"],
         "path": record.get("path"),
     }

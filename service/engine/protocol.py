@@ -81,6 +81,9 @@ class GenerationUpdate:
     logprobs: list[dict[int, float]] | None = None
     #: On the last update, when log-probabilities were asked for: those of every generated token.
     all_logprobs: list[dict[int, float]] | None = None
+    #: The expanded prompt the engine ran (final update only, where the engine reports it):
+    #: qualification compares it with the reference's.
+    prompt_token_ids: list[int] | None = None
 
 
 class EngineDeadError(RuntimeError):

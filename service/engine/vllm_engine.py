@@ -28,7 +28,7 @@ from service.engine.protocol import (
     GenerationUpdate,
 )
 from service.engine.worker_extension import WORKER_EXTENSION
-from service.prompt import AUDIO_PLACEHOLDER, build_prompt
+from service.prompt import PromptBuilder
 from service.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class VllmTranscriptionEngine:
         self._max_audio_samples = max_audio_samples
         self._engine: Any = None
         self._processor: Any = None
-        self._template_token_count: dict[str, int] = {}
+        self._prompts: PromptBuilder | None = None
         self.max_model_len = 0
         self.eos_token_ids: tuple[int, ...] = ()
         self.kv_bytes_per_token_bf16 = kv_bytes_per_token_bf16(model_dir)
@@ -139,6 +139,7 @@ class VllmTranscriptionEngine:
         self._processor = AutoProcessor.from_pretrained(
             str(self.model_dir), trust_remote_code=True, revision=self._settings.revision
         )
+        self._prompts = PromptBuilder(self._processor.tokenizer)
         self._engine = AsyncLLMEngine.from_engine_args(self.engine_args())
         self.max_model_len = int(self._engine.model_config.max_model_len)
         self.eos_token_ids = checkpoint_eos_token_ids(self.model_dir, self._processor.tokenizer)
@@ -178,14 +179,19 @@ class VllmTranscriptionEngine:
     def tokenizer(self) -> Any:
         return self._processor.tokenizer
 
+    @property
+    def prompts(self) -> PromptBuilder:
+        """The prompt-ID builder of the served tokenizer (the reference uses the same one)."""
+        if self._prompts is None:
+            raise EngineDeadError("engine not started")
+        return self._prompts
+
+    def prompt_token_ids(self, instruction: str) -> list[int]:
+        """The token-ID prompt vLLM receives: user text cannot add special tokens to it."""
+        return self.prompts.prompt_ids(instruction)
+
     def count_prompt_tokens(self, num_samples: int, instruction: str) -> int:
-        if instruction not in self._template_token_count:
-            if len(self._template_token_count) >= 256:  # custom instructions: keep the memo bounded
-                self._template_token_count.clear()
-            ids = self.tokenizer.encode(build_prompt(instruction), add_special_tokens=False)
-            placeholder = self.tokenizer.encode(AUDIO_PLACEHOLDER, add_special_tokens=False)
-            self._template_token_count[instruction] = len(ids) - len(placeholder)
-        return self._template_token_count[instruction] + self.audio_span_length(num_samples)
+        return self.prompts.template_token_count(instruction) + self.audio_span_length(num_samples)
 
     def audio_span_length(self, num_samples: int) -> int:
         """Tokens the processor puts between and including audio start and end."""
@@ -234,7 +240,10 @@ class VllmTranscriptionEngine:
             seed=self._settings.seed if request.temperature > 0 else None,
         )
         prompt = {
-            "prompt": build_prompt(request.instruction),
+            # Token IDs, not text: vLLM's MOSS processor replaces the placeholder's IDs with the
+            # audio span either way, and the instruction's text can no longer reach the tokenizer's
+            # special-token matching.
+            "prompt_token_ids": self.prompt_token_ids(request.instruction),
             "multi_modal_data": {"audio": (np.asarray(request.audio, dtype=np.float32), self.sample_rate)},
         }
         timings = EngineTimings(submitted=time.monotonic())
@@ -259,6 +268,7 @@ class VllmTranscriptionEngine:
                     token_ids_delta=new_ids,
                     num_generated=len(all_ids),
                     prompt_token_count=len(output.prompt_token_ids or ()),
+                    prompt_token_ids=list(output.prompt_token_ids) if finished and output.prompt_token_ids else None,
                     finished=finished,
                     logprobs=step_logprobs,
                 )

@@ -30,6 +30,8 @@ def test_qualify_opens_the_gate_and_records_both_runs(qualified_gateway: Gateway
     assert summary["result"] == "identical", summary
     assert summary["batched_result"] == "identical"
     assert summary["first_divergence"] is None
+    assert (summary["near_ties"], summary["batched_near_ties"]) == (0, 0)
+    assert summary["largest_margin_used"] == 0.0
     assert "reference:" in qualified_gateway.before_qualification["qualify_stderr"]  # progress was visible
     with qualified_gateway.client() as client:
         backend = client.get("/v1/backend").json()
@@ -40,6 +42,8 @@ def test_qualify_opens_the_gate_and_records_both_runs(qualified_gateway: Gateway
     assert record["fingerprint"] == backend["fingerprint"]
     assert record["clip"]["sha256"] == FROZEN_CLIP_SHA256
     assert record["reference"]["token_ids"] == record["candidate"]["token_ids"]
+    assert record["prompt"]["engine_token_ids_match"] is True  # the engine read the reference's prompt IDs
+    assert record["verdict"]["near_tie_logprob_margin"] > 0
     assert record["reference"]["stop"] == record["candidate"]["stop"] == "eos"
     assert record["batched"]["batch_size"] == 8
     assert record["batched"]["clip_run"]["token_ids"] == record["reference"]["token_ids"]

@@ -79,5 +79,6 @@ def test_a_diverging_engine_fails_with_the_divergence_reported(qualified_gateway
     divergence = summary["first_divergence"]
     assert divergence["position"] == 0
     assert divergence["reference_token_id"] != divergence["candidate_token_id"]
-    assert divergence["reference_margin"] > 0
+    assert divergence["reference_margin"] > summary["near_tie_logprob_margin"]  # nats, teacher-forced
+    assert divergence["reference_top_id"] == divergence["reference_token_id"]
     assert summary["fingerprint"] != qualified_gateway.before_qualification["summary"]["fingerprint"]

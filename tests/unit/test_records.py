@@ -6,7 +6,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from qualification.records import RecordStore, canonical_json
+import pytest
+
+from qualification.records import RecordKeyError, RecordStore, canonical_json
+from service.app import create_app
+from service.gate import record_store_for
+from service.settings import GatewaySettings
 
 IDENTITY = {"engine": {"dtype": "float32"}, "checkpoint": {"weights": {"m.safetensors": "abc"}}}
 FINGERPRINT = hashlib.sha256(canonical_json(IDENTITY)).hexdigest()  # spelled out: what fingerprint_of must give
@@ -82,3 +87,72 @@ def test_fingerprint_is_the_sha256_of_the_canonical_identity() -> None:
 
     assert fingerprint_of(IDENTITY) == FINGERPRINT
     assert fingerprint_of({**IDENTITY, "engine": {"dtype": "bfloat16"}}) != FINGERPRINT
+
+
+# -- the sealing key ------------------------------------------------------------
+
+
+def write_key(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "says"),
+    [
+        ("", 0o600, "is empty"),
+        ("  \n", 0o600, "is empty"),
+        ("ab" * 16, 0o600, "holds 16 bytes"),
+        ("zz" * 32, 0o600, "not hex"),
+        ("ab" * 32, 0o644, "mode 0644"),
+        ("ab" * 32, 0o640, "mode 0640"),
+        ("ab" * 32, 0o602, "mode 0602"),
+    ],
+)
+def test_an_untrusted_key_is_refused(tmp_path: Path, text: str, mode: int, says: str) -> None:
+    write_key(tmp_path / "record.key", text, mode)
+    with pytest.raises(RecordKeyError, match=says):
+        RecordStore(tmp_path)
+
+
+def test_a_32_byte_private_key_is_used(tmp_path: Path) -> None:
+    key = write_key(tmp_path / "record.key", "cd" * 32, 0o400)
+    store = RecordStore(tmp_path)
+    store.write(record())
+    assert store.passing_for(FINGERPRINT, policy="explainable")[0] is not None
+    assert key.read_text() == "cd" * 32  # used as given, not replaced
+
+
+def test_the_key_can_live_outside_the_state_dir(tmp_path: Path) -> None:
+    secret = tmp_path / "secrets" / "moss-record.key"
+    store = RecordStore(tmp_path / "state", key_path=secret)
+    store.write(record())
+    assert secret.stat().st_mode & 0o777 == 0o600  # generated there, private
+    assert not (tmp_path / "state" / "record.key").exists()
+    assert RecordStore(tmp_path / "state", key_path=secret).passing_for(FINGERPRINT, policy="explainable")[0]
+    # Without that key (the state dir's own, newly generated) the same records do not open the gate.
+    assert RecordStore(tmp_path / "state").passing_for(FINGERPRINT, policy="explainable")[0] is None
+
+
+def test_settings_and_environment_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = write_key(tmp_path / "elsewhere.key", "ef" * 32)
+    monkeypatch.setenv("MOSS_GATEWAY_QUALIFICATION__RECORD_KEY_PATH", str(secret))
+    settings = GatewaySettings(state_dir=tmp_path / "state")
+    assert record_store_for(settings).key_path == secret
+
+
+def test_the_gateway_refuses_to_start_on_an_empty_key(tmp_path: Path) -> None:
+    key = write_key(tmp_path / "k", "")
+    settings = GatewaySettings(state_dir=tmp_path / "state", qualification={"record_key_path": key})
+    with pytest.raises(RecordKeyError, match="is empty"):
+        create_app(settings)
+
+
+def test_a_verified_document_comes_back_and_an_altered_one_does_not(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    sealed = store.sealed({"token_ids": [1, 2, 3]})
+    assert store.verify(sealed) == {"token_ids": [1, 2, 3]}
+    assert store.verify({**sealed, "token_ids": [1, 2, 4]}) is None
+    assert store.verify({"token_ids": [1, 2, 3]}) is None
