@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import __version__
 from service.access import ApiKeyMiddleware
 from service.admission import AdmissionController
-from service.api import admin, system
+from service.api import admin, system, web
 from service.api.transcriptions import router as transcriptions
 from service.engine.protocol import TranscriptionEngine
 from service.errors import install_error_handlers
@@ -216,6 +216,7 @@ def create_app(
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(transcriptions.router)
+    app.include_router(web.router)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
 
