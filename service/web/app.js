@@ -257,7 +257,7 @@ export function describeBackend(backend, ready, modelName) {
     const rev = gateway.git_revision ? `, revision ${String(gateway.git_revision).slice(0, 12)}` : "";
     bits.push(`gateway ${gateway.version}${rev}`);
   }
-  const fingerprint = backend?.fingerprint ? ` Backend fingerprint ${backend.fingerprint.slice(0, 16)}….` : "";
+  const fingerprint = backend?.fingerprint ? ` Backend fingerprint ${backend.fingerprint.slice(0, 16)}…` : "";
   const identity = bits.length ? `${bits.join(", ")}.` : "The backend identity is not resolved yet.";
   let state;
   let badge;
@@ -265,7 +265,8 @@ export function describeBackend(backend, ready, modelName) {
   if (q.qualified) {
     state = ready?.ready === false ? "degraded" : "ready";
     badge = state === "ready" ? "Qualified and ready" : "Qualified, not ready";
-    gate = `Qualified: record ${q.qualification_id ?? "?"} (verdict ${q.verdict ?? "?"}, policy ${q.policy ?? "?"}).`;
+    const how = [q.verdict ? `verdict ${q.verdict}` : null, q.policy ? `policy ${q.policy}` : null].filter(Boolean);
+    gate = `Qualified: record ${q.qualification_id ?? "unknown"}${how.length ? ` (${how.join(", ")})` : ""}.`;
   } else {
     state = "closed";
     badge = "Not qualified";
@@ -553,6 +554,15 @@ function main() {
     else el.segments.append(item);
   }
 
+  // The segment under the play head is highlighted, so the transcript follows the audio.
+  el.player.addEventListener("timeupdate", () => {
+    const now = el.player.currentTime;
+    for (const item of el.segments.children) {
+      const segment = state.segments.get(item.dataset.id);
+      item.classList.toggle("playing", Boolean(segment) && now >= segment.start && now < segment.end);
+    }
+  });
+
   el.segments.addEventListener("click", (event) => {
     const time = event.target.closest("button.time");
     if (time && state.fileUrl) {
@@ -703,6 +713,7 @@ function main() {
         : "No result.";
       el.progress.hidden = true;
       el.progressLabel.textContent = "";
+      if (state.segments.size === 0) el.result.hidden = true;
     } finally {
       state.running = null;
       el.transcribe.disabled = !state.file;

@@ -1,11 +1,16 @@
-"""The web page in a real headless Chromium against the real gateway on the tiny checkpoint.
+"""The web page in a real headless Chromium: two page loads, one Chromium.
 
-One page load does everything a person would: the backend shows as qualified, the
+The first, against the real gateway on the tiny checkpoint, does everything a person would: the backend shows as qualified, the
 frozen clip is uploaded and streams in as its four segments and two speakers, the
 SRT download is byte-for-byte the API's own `response_format=srt`, a renamed speaker
 reaches the view and the downloads, an upload that is not audio shows the API's own
 error message, and the page's renderers agree with service/formats.py on tricky
 input. Screenshots land in docs/ for the README and for a person to look at.
+
+The second, against a gateway on the fake engine with API keys set, asks for the key and
+keeps it in memory only, then plays the stream contract the gateway is moving to (deltas
+tagged with their segment, progress in audio time, keep-alive comments, a truncated
+result, an error event) through the page, split into arbitrary chunks.
 
 Needs Debian's chromium and chromium-driver, which scripts/bootstrap installs; the
 test skips, saying why, only when they are missing.
@@ -13,6 +18,7 @@ test skips, saying why, only when they are missing.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import time
@@ -20,8 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from fake_engine import FakeEngine
 from gateway_process import GatewayProcess
+from helpers import make_wav, open_gate
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -29,10 +38,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_SEGMENTS
+from service.app import create_app
 from service.formats import render_rttm, render_srt, render_vtt
+from service.settings import GatewaySettings
+from service.transcribe_cli import StandaloneGateway
 from service.transcript import Segment
-
-pytestmark = pytest.mark.engine
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CLIP_STEM = FROZEN_CLIP_PATH.stem
@@ -119,6 +129,7 @@ def _segment_dicts(segments: list[Segment]) -> list[dict[str, Any]]:
     return [{"id": f"seg_{s.id}", "start": s.start, "end": s.end, "speaker": s.speaker, "text": s.text} for s in segments]
 
 
+@pytest.mark.engine
 def test_page_transcribes_the_frozen_clip(
     qualified_gateway: GatewayProcess, browser: tuple[webdriver.Chrome, Path]
 ) -> None:
@@ -216,3 +227,124 @@ def test_page_transcribes_the_frozen_clip(
     assert message == not_audio.json()["error"]["message"]
     assert f"HTTP {not_audio.status_code}" in d_text(driver, "error")
     driver.save_screenshot(str(DOCS / "page-error.png"))
+
+
+PAGE_KEY = "page-test-key"
+
+#: The stream the gateway is moving to, cut mid-line; the page waits at "HOLD" until the test releases it.
+CONTRACT_CHUNKS = [
+    ": ping\n\n",
+    'data: {"type":"transcript.text.delta","delta":"Hello ","segment_id":"seg_0"}\n\ndata: {"type":"moss.pro',
+    'gress","covered_s":12.3,"duration_s":40.0,"fraction":0.31}\n\n',
+    "HOLD",
+    'data: {"type":"transcript.text.segment","id":"seg_0","start":0.5,"end":12.3,"text":"Hello there.",'
+    '"speaker":"S01"}\r\n\r\n',
+    'data: {"type":"transcript.text.delta","delta":"Hello there.","segment_id":"seg_0"}\n\n: ping\n\n',
+    'data: {"type":"transcript.text.delta","delta":"Still","segment_id":"seg_1"}\n\n',
+    'data: {"type":"moss.progress","covered_s":20.0,"duration_s":40.0,"fraction":0.5}\n\n',
+    'data: {"type":"transcript.text.done","text":"Hello there.","usage":{},"moss":{"stop":{"stop":"max_tokens",'
+    '"generated_tokens":800,"max_tokens":800},"coverage":{"coverage":0.31,"audio_duration_s":40.0,'
+    '"last_segment_end_s":12.3,"uncovered_tail_s":27.7},"truncated":true,'
+    '"truncation_reasons":["stopped by max_tokens, not an end token"],"track":"native"}}\n\n',
+]
+
+#: Replaces the page's fetch for the transcription POST only: it records the Authorization header and
+#: answers with the chunks above, holding at "HOLD" until `window.releaseStream()`.
+FAKE_STREAM = """
+const chunks = arguments[0];
+const realFetch = window.fetch.bind(window);
+window.seenAuthorization = [];
+window.fetch = async (url, options = {}) => {
+  if (!String(url).includes('/v1/audio/transcriptions')) return realFetch(url, options);
+  window.seenAuthorization.push(new Headers(options.headers).get('Authorization'));
+  let release;
+  const held = new Promise(resolve => { release = resolve; });
+  window.releaseStream = () => release();
+  const encoder = new TextEncoder();
+  const body = new ReadableStream({
+    async start(controller) {
+      for (const chunk of chunks) {
+        if (chunk === 'HOLD') { await held; continue; }
+        controller.enqueue(encoder.encode(chunk));
+        await new Promise(resolve => setTimeout(resolve, 20));
+      }
+      controller.close();
+    },
+  });
+  return new Response(body, { status: 200, headers: { 'Content-Type': 'text/event-stream' } });
+};
+"""
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway on the fake engine whose API needs a key, served on a loopback port."""
+    state = tmp_path_factory.mktemp("keyed")
+    settings = GatewaySettings(state_dir=state / "state", access={"api_keys": [PAGE_KEY]})
+    engine = FakeEngine()
+    gateway = StandaloneGateway(create_app(settings, engine_factory=lambda _: engine, on_ready=open_gate))
+    gateway.start(timeout_s=30, stderr=io.StringIO(), api_key=PAGE_KEY)
+    try:
+        yield gateway.url
+    finally:
+        gateway.stop()
+
+
+def test_page_asks_for_the_key_and_follows_the_stream_contract(
+    keyed_gateway: str, browser: tuple[webdriver.Chrome, Path], tmp_path: Path
+) -> None:
+    driver, _ = browser
+    driver.get(keyed_gateway + "/")
+    _wait(driver, "the key prompt", lambda d: d.find_element(By.ID, "key-card").is_displayed(), timeout=20)
+    refused = httpx.get(f"{keyed_gateway}/v1/backend")
+    assert d_text(driver, "key-reason") == refused.json()["error"]["message"]
+    driver.find_element(By.ID, "key-input").send_keys(PAGE_KEY)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    _wait(driver, "the backend with the key",
+          lambda d: d.find_element(By.ID, "backend-summary").get_attribute("data-state") == "ready", timeout=20)
+    assert not driver.find_element(By.ID, "key-card").is_displayed()
+    kept = driver.execute_script(
+        "return [localStorage.length, sessionStorage.length, document.cookie, document.getElementById('key-input').value]"
+    )
+    assert kept == [0, 0, "", ""]
+
+    # A real transcription with the key (fake engine: two segments).
+    wav = tmp_path / "short.wav"
+    wav.write_bytes(make_wav(4.0))
+    driver.find_element(By.ID, "file-input").send_keys(str(wav))
+    driver.find_element(By.ID, "transcribe").click()
+    _wait(driver, "the fake engine's result",
+          lambda d: d.find_element(By.ID, "evidence").get_attribute("data-state") == "complete", timeout=30)
+    assert [text for *_, text in _segments_shown(driver)] == ["Good morning everyone.", "The pipeline is ready."]
+
+    # The coming stream contract, through the same page.
+    driver.execute_script(FAKE_STREAM, CONTRACT_CHUNKS)
+    driver.find_element(By.ID, "transcribe").click()
+    _wait(driver, "progress in audio time",
+          lambda d: d.find_element(By.ID, "progress").get_attribute("value") == "0.31", timeout=10)
+    assert d_text(driver, "progress-label") == "12.3 s of 40.0 s transcribed (31 %)"
+    assert d_text(driver, "live") == "Hello"
+    assert _segments_shown(driver) == []
+    driver.execute_script("window.releaseStream()")
+    _wait(driver, "the truncated result",
+          lambda d: d.find_element(By.ID, "evidence").get_attribute("data-state") == "truncated", timeout=10)
+    assert _segments_shown(driver) == [("0:00.50 – 0:12.30", "S01", "Hello there.")]
+    assert d_text(driver, "evidence") == (
+        "Truncated: the output budget ran out after 800 of 800 budgeted tokens (stop class max_tokens). "
+        "The segments cover 31 % of the audio (the last segment ends at 12.30 s of 40.00 s). "
+        "The last 27.70 s have no transcript. Why it counts as truncated: stopped by max_tokens, not an end token."
+    )
+    assert driver.execute_script("return window.seenAuthorization") == [f"Bearer {PAGE_KEY}"]
+    driver.save_screenshot(str(DOCS / "page-truncated.png"))
+
+    # An error event mid-stream: the API's words, and the segments that did arrive are kept.
+    driver.execute_script(FAKE_STREAM, [
+        CONTRACT_CHUNKS[4],
+        'data: {"type":"error","error":{"message":"The engine died; the request was aborted.",'
+        '"type":"server_error","param":null,"code":"engine_dead"}}\n\n',
+    ])
+    driver.find_element(By.ID, "transcribe").click()
+    _wait(driver, "the error", lambda d: d.find_element(By.ID, "error").get_attribute("hidden") is None, timeout=10)
+    assert driver.find_element(By.CSS_SELECTOR, "#error .message").text == "The engine died; the request was aborted."
+    assert d_text(driver, "evidence").startswith("No final result: the segments above")
+    assert len(_segments_shown(driver)) == 1
