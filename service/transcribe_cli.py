@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+import soundfile
 import uvicorn
 from fastapi import FastAPI
 
@@ -201,6 +202,19 @@ def _progress(event: dict[str, Any]) -> tuple[float | None, str | None]:
 # --------------------------------------------------------------- requests --
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def local_duration(path: Path) -> float | None:
+    """The file's length when libsndfile can read its header (WAV, FLAC, OGG, MP3), for the bar
+    until the server's progress events say it; None for other containers (the server decodes those)."""
+    try:
+        return float(soundfile.info(str(path)).duration)
+    except (RuntimeError, OSError):
+        return None
+
+
 def _api_error(response: httpx.Response) -> TranscribeError:
     try:
         error = response.json()["error"]
@@ -239,19 +253,20 @@ def transcribe_file(
                 response.read()
                 raise _api_error(response)
             progress.update(detail="transcribing")
-            return _follow(response, fmt, path.stem, progress)
+            return _follow(response, fmt, path.stem, progress, duration=local_duration(path))
 
 
-def _follow(response: httpx.Response, fmt: str, file_id: str, progress: ProgressBar) -> Result:
+def _follow(
+    response: httpx.Response, fmt: str, file_id: str, progress: ProgressBar, *, duration: float | None
+) -> Result:
     segments: list[dict[str, Any]] = []
-    duration: float | None = None
     for event in sse_events(response.iter_lines()):
         kind = event.get("type")
         if kind == "transcript.text.segment":
             segments.append(event)
-            label = f"{len(segments)} segments"
+            label = _count(len(segments), "segment")
             if duration:
-                progress.update(fraction=float(event["end"]) / duration, detail=label)
+                progress.update(fraction=min(1.0, float(event["end"]) / duration), detail=label)
             else:
                 progress.update(detail=label)
         elif kind == "moss.progress":
@@ -338,7 +353,7 @@ def run(
             progress.close()
             target.write_text(result.body, encoding="utf-8")
             stop = (result.evidence.get("stop") or {}).get("stop", "?")
-            print(f"{path} -> {target} ({result.segments} segments, stop {stop})", file=stderr)
+            print(f"{path} -> {target} ({_count(result.segments, 'segment')}, stop {stop})", file=stderr)
             if result.truncated:
                 print(truncation_warning(path, result.evidence), file=stderr)
     return 1 if failed else 0

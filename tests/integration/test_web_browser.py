@@ -5,7 +5,9 @@ frozen clip is uploaded and streams in as its four segments and two speakers, th
 SRT download is byte-for-byte the API's own `response_format=srt`, a renamed speaker
 reaches the view and the downloads, an upload that is not audio shows the API's own
 error message, and the page's renderers agree with service/formats.py on tricky
-input. Screenshots land in docs/ for the README and for a person to look at.
+input. Screenshots are taken on every run; they land in docs/ (the README's pictures) when
+MOSS_GATEWAY_SCREENSHOT_DIR=docs is set, and in the test's temp folder otherwise, so a plain
+test run leaves the work tree clean.
 
 The second, against a gateway on the fake engine with API keys set, asks for the key and
 keeps it in memory only, then plays the stream contract the gateway is moving to (deltas
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -44,7 +48,7 @@ from service.settings import GatewaySettings
 from service.transcribe_cli import StandaloneGateway
 from service.transcript import Segment
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+REPO = Path(__file__).resolve().parents[2]
 CLIP_STEM = FROZEN_CLIP_PATH.stem
 
 #: Segments whose rendering has edge cases: rounding, backwards spans, cue breakers, odd whitespace, renames.
@@ -70,13 +74,24 @@ def _chromium() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots go: $MOSS_GATEWAY_SCREENSHOT_DIR (relative to the repo), else a temp folder."""
+    wanted = os.environ.get("MOSS_GATEWAY_SCREENSHOT_DIR")
+    folder = REPO / wanted if wanted else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[webdriver.Chrome, Path]]:
     binary, driver_path = _chromium()
     downloads = tmp_path_factory.mktemp("downloads")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                     "--window-size=1100,1250", "--mute-audio", "--no-first-run", "--disable-extensions"):
+                     "--window-size=1100,1250", "--mute-audio", "--no-first-run", "--disable-extensions",
+                     # A synthetic microphone (a beep) that needs no permission prompt, for the recording path.
+                     "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"):
         options.add_argument(argument)
     options.add_experimental_option("prefs", {
         "download.default_directory": str(downloads),
@@ -131,7 +146,7 @@ def _segment_dicts(segments: list[Segment]) -> list[dict[str, Any]]:
 
 @pytest.mark.engine
 def test_page_transcribes_the_frozen_clip(
-    qualified_gateway: GatewayProcess, browser: tuple[webdriver.Chrome, Path]
+    qualified_gateway: GatewayProcess, browser: tuple[webdriver.Chrome, Path], shots: Path
 ) -> None:
     driver, downloads = browser
     with qualified_gateway.client() as client:
@@ -178,8 +193,7 @@ def test_page_transcribes_the_frozen_clip(
     # SRT download: the page's rendering of the streamed segments is the API's SRT for the same file.
     driver.find_element(By.CSS_SELECTOR, '.downloads button[data-format="srt"]').click()
     assert _downloaded(downloads, f"{CLIP_STEM}.srt") == api_srt.text
-    DOCS.mkdir(exist_ok=True)
-    driver.save_screenshot(str(DOCS / "page.png"))
+    assert driver.save_screenshot(str(shots / "page.png"))
 
     # Renaming a speaker changes the view and every download.
     name_input = driver.find_element(By.CSS_SELECTOR, '#speakers .speaker[data-speaker="S01"] input')
@@ -206,7 +220,7 @@ def test_page_transcribes_the_frozen_clip(
     assert f"ends at {coverage['last_segment_end_s']:.2f} s of {coverage['audio_duration_s']:.2f} s" in evidence
     driver.find_element(By.CSS_SELECTOR, '.downloads button[data-format="rttm"]').click()
     assert _downloaded(downloads, f"{CLIP_STEM}.rttm") == page[2]
-    driver.save_screenshot(str(DOCS / "page-renamed.png"))
+    assert driver.save_screenshot(str(shots / "page-renamed.png"))
 
     # The page's renderers and the server's agree on tricky input too.
     agreed = driver.execute_async_script(
@@ -226,7 +240,7 @@ def test_page_transcribes_the_frozen_clip(
     message = driver.find_element(By.CSS_SELECTOR, "#error .message").text
     assert message == not_audio.json()["error"]["message"]
     assert f"HTTP {not_audio.status_code}" in d_text(driver, "error")
-    driver.save_screenshot(str(DOCS / "page-error.png"))
+    assert driver.save_screenshot(str(shots / "page-error.png"))
 
 
 PAGE_KEY = "page-test-key"
@@ -291,7 +305,7 @@ def keyed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_page_asks_for_the_key_and_follows_the_stream_contract(
-    keyed_gateway: str, browser: tuple[webdriver.Chrome, Path], tmp_path: Path
+    keyed_gateway: str, browser: tuple[webdriver.Chrome, Path], shots: Path, tmp_path: Path
 ) -> None:
     driver, _ = browser
     driver.get(keyed_gateway + "/")
@@ -317,6 +331,20 @@ def test_page_asks_for_the_key_and_follows_the_stream_contract(
           lambda d: d.find_element(By.ID, "evidence").get_attribute("data-state") == "complete", timeout=30)
     assert [text for *_, text in _segments_shown(driver)] == ["Good morning everyone.", "The pipeline is ready."]
 
+    # Recording from the (synthetic) microphone: MediaRecorder's webm/ogg goes up and the gateway decodes it.
+    driver.find_element(By.ID, "record").click()
+    _wait(driver, "the recording to start",
+          lambda d: "recording" in (d.find_element(By.ID, "record").get_attribute("class") or ""), timeout=10)
+    time.sleep(3)
+    driver.find_element(By.ID, "record").click()
+    _wait(driver, "the recording as the input", lambda d: d_text(d, "file-name").startswith("recording-"), timeout=10)
+    assert re.fullmatch(r"recording-[\dT-]+\.(webm|ogg) \(\d+ KiB\)", d_text(driver, "file-name"))
+    driver.find_element(By.ID, "transcribe").click()
+    _wait(driver, "the recording's result",
+          lambda d: d.find_element(By.ID, "evidence").get_attribute("data-state") in ("complete", "truncated"), timeout=30)
+    audio = json.loads(driver.execute_script("return window.mossPage.downloadText('json')"))["moss"]["audio"]
+    assert 2.0 <= audio["duration_s"] <= 5.0 and audio["container"] in ("webm", "matroska", "ogg"), audio
+
     # The coming stream contract, through the same page.
     driver.execute_script(FAKE_STREAM, CONTRACT_CHUNKS)
     driver.find_element(By.ID, "transcribe").click()
@@ -335,7 +363,7 @@ def test_page_asks_for_the_key_and_follows_the_stream_contract(
         "The last 27.70 s have no transcript. Why it counts as truncated: stopped by max_tokens, not an end token."
     )
     assert driver.execute_script("return window.seenAuthorization") == [f"Bearer {PAGE_KEY}"]
-    driver.save_screenshot(str(DOCS / "page-truncated.png"))
+    assert driver.save_screenshot(str(shots / "page-truncated.png"))
 
     # An error event mid-stream: the API's words, and the segments that did arrive are kept.
     driver.execute_script(FAKE_STREAM, [

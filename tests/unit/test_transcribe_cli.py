@@ -163,6 +163,8 @@ def test_progress_bar_only_on_a_terminal(server: str, wav: Path, tmp_path: Path)
         assert code == 0
     drawn = terminal.getvalue()
     assert "\rmeeting.wav [" in drawn and "100 %" in drawn and "2 segments" in drawn
+    # The fake engine's segments end at 1.68 s and 3.71 s of the 4 s file (its length read locally).
+    assert " 42 % 1 segment " in drawn and " 93 % 2 segments" in drawn
     assert "\r" not in pipe.getvalue()
     assert pipe.getvalue() == f"{wav} -> {tmp_path / 'meeting.srt'} (2 segments, stop eos)\n"
 
