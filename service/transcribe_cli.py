@@ -270,10 +270,10 @@ def _follow(
             else:
                 progress.update(detail=label)
         elif kind == "moss.progress":
-            fraction, label = _progress(event)
+            fraction, detail = _progress(event)
             if isinstance(event.get("duration_s"), int | float):
                 duration = float(event["duration_s"])
-            progress.update(fraction=fraction, detail=label)
+            progress.update(fraction=fraction, detail=detail)
         elif kind == "transcript.text.done":
             moss = event.get("moss") or {}
             progress.update(fraction=1.0, detail="done")
