@@ -6,6 +6,7 @@
     python -m bench checkpoint --out DIR --device cuda      # the full-size random checkpoint
     python -m bench report results/*.json [--markdown]
     python -m bench throughput --model DIR --out results/short.json --repeats 3 [engine options]
+    python -m bench report --plots [results/*.json]   # figures into docs/ (default: every bench/results/*/ row)
 
 Each ``run`` prints the table and writes JSON (rows, per-request records, the
 backend identity, the qualification). Workloads: ``short`` (12 s clips at
@@ -27,6 +28,15 @@ from pathlib import Path
 
 from bench import report
 from bench.workloads import ENGINE_WORKLOADS, Cell, cells_for
+
+try:
+    from bench import plots
+except ModuleNotFoundError:  # matplotlib: installed by scripts/bootstrap, absent from the GPU hosts' bundle
+    plots = None
+
+#: Where `report` looks when given no files, and where `--plots` draws by default.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
 
 
 def _workloads(text: str) -> list[str]:
@@ -153,6 +163,19 @@ def select_cells(
     return out
 
 
+def _report(args: argparse.Namespace) -> int:
+    files = args.files or sorted(RESULTS_DIR.glob("*/*.json"))
+    results = report.load(files)
+    print(report.render(results, markdown=args.markdown))
+    if args.plots:
+        if plots is None:
+            print("--plots needs matplotlib (scripts/bootstrap installs it)", file=sys.stderr)
+            return 2
+        for path in plots.draw(list(zip(files, results, strict=True)), args.plots_dir):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--text-layers", type=int, default=None)
     c.add_argument("--audio-layers", type=int, default=None)
     c.add_argument("--dtype", default="bfloat16")
-    r = sub.add_parser("report", help="print the table of result files")
-    r.add_argument("files", type=Path, nargs="+")
+    r = sub.add_parser("report", help="print the table of result files (default: bench/results/*/*.json)")
+    r.add_argument("files", type=Path, nargs="*")
     r.add_argument("--markdown", action="store_true")
+    r.add_argument("--plots", action="store_true", help="also draw the figures (matplotlib) into --plots-dir")
+    r.add_argument("--plots-dir", type=Path, default=DOCS_DIR)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -178,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.command == "report":
-        print(report.render(report.load(args.files), markdown=args.markdown))
-        return 0
+        return _report(args)
     if args.command == "throughput":
         return throughput(args)
     return run(args)

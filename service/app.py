@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import __version__
 from service.access import ApiKeyMiddleware
 from service.admission import AdmissionController
-from service.api import admin, system
+from service.api import admin, system, web
 from service.api.transcriptions import router as transcriptions
 from service.api.transcriptions.serving import build_serving
 from service.engine.protocol import TranscriptionEngine
@@ -303,6 +303,7 @@ def create_app(
     app.include_router(system.router)
     app.include_router(admin.router)
     app.include_router(transcriptions.router)
+    app.include_router(web.router)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     # Outermost: it must see the refusals of every layer below (401, 413, 429) and the requests they cut short.
     app.add_middleware(RequestLedgerMiddleware, state=state)

@@ -1,4 +1,4 @@
-"""`moss-gateway`: serve, qualify, build the tiny checkpoint, evaluate.
+"""`moss-gateway`: serve, qualify, transcribe, evaluate, build the tiny checkpoint.
 
 Every setting comes from the one settings model (environment, `MOSS_GATEWAY_`
 prefix); the flags here override the few an operator types most often.
@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service import transcribe_cli
 from service.evaluation.arguments import add_evaluate_arguments
 from service.evaluation.command import evaluate_command
 from service.settings import GatewaySettings
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     p_qualify.add_argument("--state-dir")
     p_qualify.add_argument("--timeout", type=float, default=3600.0)
     p_qualify.set_defaults(func=qualify)
+
+    p_transcribe = sub.add_parser("transcribe", help="Transcribe files through a gateway (or a standalone one).")
+    transcribe_cli.add_arguments(p_transcribe)
+    p_transcribe.set_defaults(func=transcribe_cli.main)
 
     p_tiny = sub.add_parser("build-tiny-checkpoint", help="Build (or find) the embedded tiny checkpoint.")
     p_tiny.add_argument("--cache-dir")

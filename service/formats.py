@@ -1,10 +1,14 @@
-"""Render parsed segments as SRT and WebVTT, the text response formats.
+"""Render parsed segments as SRT, WebVTT and RTTM, the text response formats.
 
 Why this is its own module: subtitle files are read by strict players, so the
 details live in one place: milliseconds rounded half-up once per timestamp (so
 an end is never printed before its start), speaker labels kept visible, and
 cue text cleaned of what would end a cue early (blank lines, `-->`) or be read
-as markup in WebVTT (`<`, `&`).
+as markup in WebVTT (`<`, `&`). RTTM (NIST speaker turns, read by diarization
+scorers such as dscore and pyannote) shares the millisecond rounding, so a turn
+printed there starts and ends exactly where the subtitle cue does. The web page
+(`service/web/app.js`) renders the same three formats in the browser with the
+same rules; the browser test holds the two to agreement.
 """
 
 from __future__ import annotations
@@ -43,6 +47,35 @@ def render_vtt(segments: Sequence[Segment]) -> str:
     return "\n".join(cues)
 
 
+def render_rttm(segments: Sequence[Segment], file_id: str) -> str:
+    """NIST RTTM: one `SPEAKER <file> 1 <onset> <duration> <NA> <NA> <speaker> <NA> <NA>` line a turn.
+
+    RTTM fields are separated by whitespace, so whitespace inside the file id or
+    a speaker name becomes `_` (an empty one becomes `audio` / `unknown`). Times
+    are seconds with three decimals from the same rounded milliseconds as SRT, the
+    duration their difference. A turn of zero duration is left out: scorers
+    reject or ignore it, and it holds no speech time to score.
+    """
+    file_token = _rttm_token(file_id, "audio")
+    lines = []
+    for segment in segments:
+        start, end = _span(segment)
+        if end == start:
+            continue
+        speaker = _rttm_token(segment.speaker, "unknown")
+        lines.append(f"SPEAKER {file_token} 1 {_seconds(start)} {_seconds(end - start)} <NA> <NA> {speaker} <NA> <NA>\n")
+    return "".join(lines)
+
+
+def _rttm_token(value: str, empty: str) -> str:
+    """One RTTM field: runs of whitespace become one `_`."""
+    return "_".join(value.split()) or empty
+
+
+def _seconds(millis: int) -> str:
+    return f"{millis // 1000}.{millis % 1000:03d}"
+
+
 def _span(segment: Segment) -> tuple[int, int]:
     """Start and end in whole milliseconds, the end never before the start."""
     start = _millis(segment.start)
@@ -73,11 +106,3 @@ def _vtt_escape(text: str) -> str:
         text = text.replace(raw, escaped)
     return text
 
-
-def render_rttm(segments: Sequence[Segment], *, file_id: str) -> str:
-    """NIST RTTM speaker turns, one `SPEAKER` line per segment (start and duration in seconds)."""
-    lines = [
-        f"SPEAKER {file_id} 1 {max(0.0, s.start):.3f} {max(0.0, s.end - s.start):.3f} <NA> <NA> {s.speaker or 'unknown'} <NA> <NA>"
-        for s in segments
-    ]
-    return "".join(line + "\n" for line in lines)

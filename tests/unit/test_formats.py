@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from service.formats import format_timestamp, render_srt, render_vtt
+from service.formats import format_timestamp, render_rttm, render_srt, render_vtt
 from service.transcript import Segment, parse_transcript
 
 TWO = (Segment(0, 0.48, 1.66, "S01", "Welcome everyone"), Segment(1, 12.26, 3725.5, "S02", "The pipeline is ready"))
@@ -98,3 +98,30 @@ def test_printed_end_never_precedes_printed_start() -> None:
             start_ms, end_ms = _ms(timing[:4]), _ms(timing[4:])
             assert start_ms <= end_ms
             assert abs(start_ms - segment.start * 1000) <= 0.5 + 1e-6
+
+
+def test_render_rttm() -> None:
+    assert render_rttm(TWO, "meeting") == (
+        "SPEAKER meeting 1 0.480 1.180 <NA> <NA> S01 <NA> <NA>\n"
+        "SPEAKER meeting 1 12.260 3713.240 <NA> <NA> S02 <NA> <NA>\n"
+    )
+
+
+def test_rttm_fields_stay_single_tokens() -> None:
+    renamed = [Segment(0, 0.0005, 2.0, "Ada  Lovelace", "x"), Segment(1, 2.0, 3.0, " ", "y")]
+    lines = render_rttm(renamed, "my file.wav").splitlines()
+    assert lines == [
+        "SPEAKER my_file.wav 1 0.001 1.999 <NA> <NA> Ada_Lovelace <NA> <NA>",
+        "SPEAKER my_file.wav 1 2.000 1.000 <NA> <NA> unknown <NA> <NA>",
+    ]
+    assert all(len(line.split()) == 10 for line in lines)
+    assert render_rttm(TWO[:1], "").split()[1] == "audio"
+
+
+def test_rttm_leaves_out_empty_turns_and_agrees_with_srt() -> None:
+    segments = [Segment(0, 5.0, 4.0, "S01", "backwards"), Segment(1, 6.0, 6.0004, "S02", "instant"), *TWO]
+    assert render_rttm([], "f") == ""
+    rttm = render_rttm(segments, "f").splitlines()
+    assert [line.split()[7] for line in rttm] == ["S01", "S02"]
+    srt_times = [_ms(t[:4]) for t in _TIMING.findall(render_srt(TWO))]
+    assert [round(float(line.split()[3]) * 1000) for line in rttm] == srt_times
