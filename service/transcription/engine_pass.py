@@ -18,7 +18,7 @@ from typing import Any
 from service.budget import TokenBudget
 from service.engine.protocol import EngineDeadError, GenerationRequest, GenerationUpdate, TranscriptionEngine
 from service.errors import ErrorCode, GatewayError
-from service.evidence import StopRecord, TimestampAnomaly, Timeline, classify_stop, measure_coverage
+from service.evidence import StopRecord, Timeline, TimestampAnomaly, classify_stop, measure_coverage
 from service.longform import Cut
 from service.metrics import GatewayMetrics
 from service.settings import CoverageSettings, EvidenceSettings

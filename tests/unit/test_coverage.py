@@ -69,11 +69,11 @@ def test_the_energy_detector_finds_the_tone_and_ignores_silence_and_faint_noise(
     audio = np.concatenate([tone(10.0), quiet(10.0), quiet(20.0, noise=0.0003)])
     speech = detect_speech(audio, RATE, SpeechPolicy())
     assert speech.seconds(0.0, 10.0) == pytest.approx(10.0, abs=0.1)
-    assert speech.seconds(10.0, 40.0) == 0.0
+    assert speech.seconds(10.0, 40.0) == pytest.approx(0.0, abs=0.05)  # one frame straddles the edge
     window = speech.window(8.0, 40.0)
     assert window.duration_s == pytest.approx(32.0)
     assert window.seconds(0.0, 2.0) == pytest.approx(2.0, abs=0.1)
-    assert window.seconds(2.5, 32.0) == 0.0
+    assert window.seconds(2.5, 32.0) == pytest.approx(0.0, abs=0.05)
 
 
 def test_the_detector_has_a_ceiling_so_a_recording_without_pauses_is_all_speech() -> None:

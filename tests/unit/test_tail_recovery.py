@@ -102,7 +102,7 @@ def test_a_tail_of_silence_is_not_truncated(fake_client: AppFactory) -> None:
     response = post(client, wav(("tone", 8.0), ("silence", 30.0)), response_format="verbose_json", tail_recovery="auto")
     moss = response.json()["moss"]
     assert moss["coverage"]["uncovered_tail_s"] == pytest.approx(30.0, abs=0.01)
-    assert moss["coverage"]["uncovered_speech_s"] == 0.0
+    assert moss["coverage"]["uncovered_speech_s"] < 0.05  # a frame at most straddles the end of the tone
     assert moss["truncated"] is False
     assert response.headers["x-moss-truncated"] == "false"
     assert moss["recovery"]["stopped_because"] == "not_needed" and moss["recovery"]["passes"] == []
