@@ -300,7 +300,7 @@ class RecoveryTrack:
             outcome = self._unrecovered(job, native)
         else:
             passes, why = await self._recover(job, native)
-            outcome = self._conclude(job, native, passes, why)
+            outcome = self._conclude(job, native, passes, why, streamed=sent)
         for segment in outcome.transcript.segments[sent:]:
             piece = separator(text, segment.text) + segment.text
             text += piece
@@ -336,7 +336,9 @@ class RecoveryTrack:
                 return done, "covered"
         return done, "max_passes"
 
-    def _conclude(self, job: TranscriptionJob, native: PassResult, passes: list[RecoveryPass], why: RecoveryStop) -> Outcome:
+    def _conclude(
+        self, job: TranscriptionJob, native: PassResult, passes: list[RecoveryPass], why: RecoveryStop, *, streamed: int
+    ) -> Outcome:
         duration = job.audio.duration_s
         used = [native] + [p.result for p in passes if p.used]
         whole = Cut(0, 0.0, round(duration, 3))
@@ -345,8 +347,8 @@ class RecoveryTrack:
         ])
         linked = link_speakers(stitched)
         first_cut = used[1].cut.start_s if len(used) > 1 and used[1].cut is not None else duration
-        prefix: list[Segment] = []
-        for segment in native.transcript.segments:  # settled before every cut: kept exactly as streamed
+        prefix = list(native.transcript.segments[:streamed])  # already streamed: kept exactly as sent
+        for segment in native.transcript.segments[streamed:]:  # settled before every cut: no stitch changes them
             if segment.end > first_cut:
                 break
             prefix.append(segment)
