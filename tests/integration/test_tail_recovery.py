@@ -80,7 +80,6 @@ def test_a_silent_tail_is_not_speech_left_and_impossible_segments_do_not_cover(q
     assert moss["stop"]["stop"] == "eos"
     assert moss["coverage"]["uncovered_tail_s"] > 1.0  # 1.76 s of time after the last segment...
     assert moss["coverage"]["uncovered_tail_speech_s"] < 0.5  # ...and no speech in it
-    assert not any("after the last segment" in r and not r.split("(")[1].startswith("0.00 s") for r in moss["truncation_reasons"])
     assert moss["recovery"]["stopped_because"] == "not_needed" and moss["recovery"]["passes"] == []
     kinds = {a["kind"] for a in moss["timestamp_anomalies"]}
     assert kinds and kinds <= {"past_end", "backwards", "zero_length", "out_of_order", "overlap"}
