@@ -7,11 +7,13 @@ a model that chose to stop from a cap that stopped it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from service.transcript import ParsedTranscript
+from service.speech import SpeechActivity
+from service.transcript import ParsedTranscript, Segment
 
 StopClass = Literal["eos", "stop_token", "max_tokens", "context_length", "aborted", "error", "unknown"]
 STOP_CLASSES: tuple[StopClass, ...] = (
@@ -43,17 +45,124 @@ class StopRecord:
         return dict(self.__dict__)  # scalar fields only: no recursive deep copy (asdict)
 
 
+AnomalyKind = Literal["past_end", "backwards", "zero_length", "out_of_order", "overlap"]
+
+
+@dataclass(frozen=True)
+class TimestampAnomaly:
+    """A segment whose times cannot be right; `start` and `end` are as the model wrote them.
+
+    Policy (the same in every format): the segment is kept, with its words, so
+    the streamed text and the final text stay one; its times are clamped to the
+    audio (so no subtitle shows a time past the end of the file); it is listed
+    here and never counts toward coverage.
+    """
+
+    segment: int
+    start: float
+    end: float
+    kind: AnomalyKind
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the clean segments so far establish; `check` judges the next segment against it.
+
+    Immutable: each check returns the next timeline, so a pass, a stitched
+    transcript and a test all apply exactly the same rules in the same order.
+    Crosstalk is possible (two speakers at once), so only one speaker overlapping
+    their own earlier segment counts as an impossible overlap.
+    """
+
+    duration_s: float
+    tolerance_s: float
+    last: Segment | None = None
+    speaker_ends: tuple[tuple[str, float], ...] = ()
+
+    def check(self, segment: Segment) -> tuple[Segment, TimestampAnomaly | None, Timeline]:
+        duration, tol = self.duration_s, self.tolerance_s
+        written_start = segment.start
+        written_end = segment.written_end if segment.written_end is not None else segment.end
+        clamped = replace(segment, start=min(segment.start, duration), end=min(segment.end, duration))
+        kind: AnomalyKind | None = None
+        detail = ""
+        speaker_end = dict(self.speaker_ends).get(segment.speaker)
+        if max(written_start, written_end) > duration + tol:
+            kind, detail = "past_end", f"ends at {written_end:.2f} s, past the end of the audio ({duration:.2f} s)"
+        elif segment.written_end is not None:
+            kind, detail = "backwards", f"ends at {written_end:.2f} s, before its start {written_start:.2f} s"
+        elif clamped.end <= clamped.start:
+            kind, detail = "zero_length", f"starts and ends at {written_start:.2f} s"
+        elif self.last is not None and clamped.start < self.last.start - tol:
+            kind = "out_of_order"
+            detail = f"starts at {written_start:.2f} s, before the previous segment's start {self.last.start:.2f} s"
+        elif speaker_end is not None and clamped.start < speaker_end - tol:
+            kind = "overlap"
+            detail = f"{segment.speaker} starts at {written_start:.2f} s while still speaking until {speaker_end:.2f} s"
+        if kind is not None:
+            return clamped, TimestampAnomaly(segment.id, written_start, written_end, kind, detail), self
+        ends = dict(self.speaker_ends) | {segment.speaker: max(clamped.end, speaker_end or 0.0)}
+        return clamped, None, replace(self, last=clamped, speaker_ends=tuple(ends.items()))
+
+
+def check_timestamps(
+    segments: Sequence[Segment], duration_s: float, tolerance_s: float
+) -> tuple[tuple[Segment, ...], tuple[TimestampAnomaly, ...]]:
+    """All segments checked in order: the clamped segments and the anomalies found."""
+    timeline = Timeline(duration_s, tolerance_s)
+    checked: list[Segment] = []
+    anomalies: list[TimestampAnomaly] = []
+    for segment in segments:
+        clamped, anomaly, timeline = timeline.check(segment)
+        checked.append(clamped)
+        if anomaly is not None:
+            anomalies.append(anomaly)
+    return tuple(checked), tuple(anomalies)
+
+
+@dataclass(frozen=True)
+class UncoveredSpan:
+    """Audio no trustworthy segment covers: the head, a long inner gap, or the tail; with its sound seconds."""
+
+    where: Literal["head", "gap", "tail"]
+    start_s: float
+    end_s: float
+    speech_s: float
+
+
 @dataclass(frozen=True)
 class Coverage:
+    """How far the transcript reaches, and how much speech it left out.
+
+    `last_segment_end_s`, `coverage` and `uncovered_tail_s` are about time;
+    `uncovered_speech_s` is the speech (see `service.speech`) in the tail and in
+    inner gaps of at least `min_gap_s`: what `truncated` is decided on. Segments
+    with a timestamp anomaly (`excluded_segments`) count for none of it.
+    """
+
     audio_duration_s: float
     last_segment_end_s: float | None
     coverage: float
     uncovered_tail_s: float
     ends_inside_tag: bool
     incomplete_tail: str
+    speech_s: float | None = None
+    uncovered_speech_s: float = 0.0
+    uncovered_tail_speech_s: float = 0.0
+    uncovered: tuple[UncoveredSpan, ...] = ()
+    excluded_segments: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)  # scalar fields only: no recursive deep copy (asdict)
+        """Plain data; a shallow copy (asdict's deep copy cost a request path measurably) plus the spans."""
+        return {
+            **self.__dict__,
+            "uncovered": [asdict(span) for span in self.uncovered],
+            "excluded_segments": list(self.excluded_segments),
+        }
 
 
 def classify_stop(
@@ -114,9 +223,34 @@ def classify_stop(
     )
 
 
-def measure_coverage(transcript: ParsedTranscript, duration_s: float) -> Coverage:
-    last_end = transcript.last_end
+def measure_coverage(
+    transcript: ParsedTranscript,
+    duration_s: float,
+    *,
+    speech: SpeechActivity | None = None,
+    anomalies: Sequence[TimestampAnomaly] = (),
+    min_gap_s: float = 3.0,
+) -> Coverage:
+    """Coverage by the segments with sound timestamps; without `speech`, every uncovered second counts as speech."""
+    excluded = {a.segment for a in anomalies}
+    spans = sorted(
+        (max(0.0, s.start), min(duration_s, s.end)) for s in transcript.segments if s.id not in excluded
+    )
+    last_end = max((end for _, end in spans), default=None)
     covered = min(last_end or 0.0, duration_s)
+
+    def sound(start: float, end: float) -> float:
+        return round(end - start, 3) if speech is None else speech.seconds(start, end)
+
+    uncovered: list[UncoveredSpan] = []
+    reached = 0.0
+    for start, end in spans:
+        if start - reached >= min_gap_s:
+            uncovered.append(UncoveredSpan("head" if reached == 0.0 else "gap", round(reached, 3), round(start, 3), sound(reached, start)))
+        reached = max(reached, end)
+    tail_speech = sound(covered, duration_s) if duration_s > covered else 0.0
+    if duration_s > covered:
+        uncovered.append(UncoveredSpan("tail" if spans else "head", round(covered, 3), round(duration_s, 3), tail_speech))
     return Coverage(
         audio_duration_s=round(duration_s, 3),
         last_segment_end_s=last_end,
@@ -124,16 +258,29 @@ def measure_coverage(transcript: ParsedTranscript, duration_s: float) -> Coverag
         uncovered_tail_s=round(max(0.0, duration_s - covered), 3),
         ends_inside_tag=transcript.ends_inside_tag,
         incomplete_tail=transcript.incomplete_tail,
+        speech_s=None if speech is None else speech.speech_s,
+        uncovered_speech_s=round(sum(span.speech_s for span in uncovered), 3),
+        uncovered_tail_speech_s=tail_speech,
+        uncovered=tuple(span for span in uncovered if span.speech_s > 0),
+        excluded_segments=tuple(sorted(excluded)),
     )
 
 
 def truncation_reasons(stop: StopRecord, coverage: Coverage, *, margin_s: float) -> list[str]:
-    """Why a response must be flagged truncated; empty when it is not."""
+    """Why a response must be flagged truncated; empty when it is not.
+
+    Uncovered time alone is not a reason (a recording may end in a minute of
+    silence); uncovered speech beyond the margin is.
+    """
     reasons: list[str] = []
     if stop.stop != "eos":
         reasons.append(f"stopped by {stop.stop}, not an end token")
-    if coverage.uncovered_tail_s > margin_s:
-        reasons.append(f"{coverage.uncovered_tail_s:.2f} s of audio after the last segment (margin {margin_s:g} s)")
+    if coverage.uncovered_speech_s > margin_s:
+        inner = round(coverage.uncovered_speech_s - coverage.uncovered_tail_speech_s, 3)
+        reasons.append(
+            f"{coverage.uncovered_speech_s:.2f} s of speech not covered by any segment "
+            f"({coverage.uncovered_tail_speech_s:.2f} s after the last segment, {inner:.2f} s in gaps; margin {margin_s:g} s)"
+        )
     if coverage.ends_inside_tag:
         reasons.append("text ends inside an unfinished tag")
     return reasons

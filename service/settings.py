@@ -254,7 +254,12 @@ class BudgetSettings(BaseModel):
     conservative_tokens_per_second: float = Field(20.0, gt=0, description="Default budget density.")
     minimum_budget: int = Field(64, gt=0, description="Floor of the default budget for very short clips.")
     coverage_margin_s: float = Field(
-        2.0, ge=0, description="Uncovered audio tail beyond which a response is flagged truncated."
+        2.0,
+        ge=0,
+        description=(
+            "Seconds of speech left uncovered (after the last segment and in long gaps) beyond which a response "
+            "is flagged truncated; uncovered silence never is."
+        ),
     )
 
 
@@ -316,6 +321,34 @@ class LongformSettings(BaseModel):
     max_concurrent_chunks: int = Field(8, gt=0, description="Chunks of one request sent to the engine at once.")
 
 
+class CoverageSettings(BaseModel):
+    """How a transcript is checked against its audio: timestamps, speech left out, and tail recovery."""
+
+    timestamp_tolerance_s: float = Field(
+        0.5, ge=0, description="How far past the end of the audio (or back in time) a timestamp may stray unflagged."
+    )
+    min_gap_s: float = Field(3.0, gt=0, description="Inner gaps between segments from this long are checked for speech.")
+    speech_above_floor_db: float = Field(12.0, gt=0, description="A frame is speech this far above the noise floor.")
+    speech_floor_db: float = Field(-60.0, description="Lowest speech threshold (dBFS): quieter frames are never speech.")
+    speech_ceiling_db: float = Field(-40.0, description="Highest speech threshold (dBFS): louder frames are always speech.")
+    recovery_back_off_s: float = Field(
+        1.0, ge=0, description="tail_recovery: each further pass starts this long before the last settled segment ends."
+    )
+    recovery_min_progress_s: float = Field(
+        2.0, gt=0, description="tail_recovery: a pass that moves the covered end by less than this makes no progress."
+    )
+    recovery_max_passes: int = Field(8, ge=1, description="tail_recovery: most further passes after the native one.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CoverageSettings:
+        if self.speech_floor_db > self.speech_ceiling_db:
+            raise ValueError("coverage.speech_floor_db must not exceed coverage.speech_ceiling_db")
+        if self.recovery_min_progress_s <= self.recovery_back_off_s:
+            # Otherwise a later pass could start inside audio two passes back, where stitching does not look.
+            raise ValueError("coverage.recovery_min_progress_s must exceed coverage.recovery_back_off_s")
+        return self
+
+
 class EvidenceSettings(BaseModel):
     """Per-request evidence bundles (token IDs, progress checkpoints, stop and budget records)."""
 
@@ -350,6 +383,7 @@ class GatewaySettings(BaseSettings):
     budget: BudgetSettings = BudgetSettings()
     qualification: QualificationSettings = QualificationSettings()
     evidence: EvidenceSettings = EvidenceSettings()
+    coverage: CoverageSettings = CoverageSettings()
     longform: LongformSettings = LongformSettings()
 
     @model_validator(mode="after")

@@ -47,6 +47,8 @@ class Segment:
     text: str
     #: Where the segment lies in the raw output (character offsets), to find its tokens.
     span: tuple[int, int] = field(default=(0, 0), compare=False)
+    #: The end as the model wrote it, when it ran backwards (before the start) and was set to the start.
+    written_end: float | None = None
 
 
 @dataclass(frozen=True)
@@ -360,11 +362,12 @@ class TranscriptParser:
         number = len(self.segments)
         if note:
             self.anomalies.append(f"segment {number}: {note}")
+        written_end = None
         if end < start:
             self.anomalies.append(f"segment {number}: end {end:.2f} before start {start:.2f}, end set to start")
-            end = start
+            end, written_end = start, end
         self._send_body("".join(self.body), closing=True)
-        segment = Segment(number, start, end, self.speaker or "", self._body(), (self.start_pos, until))
+        segment = Segment(number, start, end, self.speaker or "", self._body(), (self.start_pos, until), written_end)
         self.segments.append(segment)
         self._closed.append(segment)
         self.start, self.speaker, self.body = None, None, []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ class FakeEngine:
 
     def __init__(
         self,
-        script: str = "[0.50][S01]Good morning everyone.[1.68][2.60][S02]The pipeline is ready.[3.71]",
+        script: str | Callable[[GenerationRequest], str] = (
+            "[0.50][S01]Good morning everyone.[1.68][2.60][S02]The pipeline is ready.[3.71]"
+        ),
         *,
         max_model_len: int = 4096,
         token_delay_s: float = 0.0,
@@ -97,7 +99,8 @@ class FakeEngine:
         self.running.add(request.request_id)
         prompt = self.count_prompt_tokens(len(request.audio), request.instruction)
         room = min(request.max_tokens, self.max_model_len - prompt)
-        tokens = [ord(c) for c in self.script]
+        script = self.script if isinstance(self.script, str) else self.script(request)
+        tokens = [ord(c) for c in script]
         natural_end = len(tokens) + 1 <= room
         produced = tokens[:room] + ([EOS] if natural_end else [])
         timings = EngineTimings(submitted=time.monotonic())

@@ -43,7 +43,9 @@ class Accountant:
             "coverage": outcome.coverage.as_dict(),
             "truncated": outcome.truncated,
             "truncation_reasons": list(outcome.truncation),
-            "tokens": {"prompt": job.budget.prompt_tokens, "generated": generated},
+            "tokens": {"prompt": outcome.prompt_tokens, "generated": outcome.generated_tokens},
+            "timestamp_anomalies": [a.as_dict() for a in outcome.timestamp_anomalies],
+            "speech": job.speech.as_dict(),
             "timings": {
                 "time_to_first_token_s": _round(timings.time_to_first_token_s),
                 "engine_queue_s": _round(timings.engine_queue_s),
@@ -77,6 +79,12 @@ class Accountant:
             ]
             evidence["stitching"] = outcome.chunked.stitching
             evidence["speakers"] = outcome.chunked.speakers
+        if outcome.recovery is not None:
+            evidence["recovery"] = {
+                **recovery_summary(outcome),
+                "stitching": outcome.recovery.stitching,
+                "speakers": outcome.recovery.speakers,
+            }
         return evidence
 
     async def account(self, outcome: Outcome, backend: BackendTag, *, status: int) -> None:
@@ -88,8 +96,8 @@ class Accountant:
             metrics.ttft.labels(track).observe(outcome.timings.time_to_first_token_s)
         metrics.rtf.labels(track).observe(total_s / job.audio.duration_s)
         metrics.audio_seconds.labels(track).inc(job.audio.duration_s)
-        metrics.prompt_tokens.labels(track).inc(job.budget.prompt_tokens)
-        metrics.generated_tokens.labels(track).inc(outcome.stop.generated_tokens)
+        metrics.prompt_tokens.labels(track).inc(outcome.prompt_tokens)
+        metrics.generated_tokens.labels(track).inc(outcome.generated_tokens)
         metrics.stops.labels(track, outcome.stop.stop).inc()
         if outcome.truncated:
             metrics.truncations.labels(track).inc()
@@ -97,10 +105,12 @@ class Accountant:
         line = {
             **self._ledger_base(job, backend, status),
             "chunks": None if outcome.chunked is None else [chunk_summary(p) for p in outcome.passes],
+            "recovery": None if outcome.recovery is None else recovery_summary(outcome),
             "stop": outcome.stop.as_dict(),
             "coverage": outcome.coverage.as_dict(),
+            "timestamp_anomalies": [a.as_dict() for a in outcome.timestamp_anomalies],
             "truncated": outcome.truncated,
-            "tokens": {"prompt": job.budget.prompt_tokens, "generated": outcome.stop.generated_tokens},
+            "tokens": {"prompt": outcome.prompt_tokens, "generated": outcome.generated_tokens},
             "timings": {"total_s": _round(total_s), "time_to_first_token_s": _round(outcome.timings.time_to_first_token_s)},
         }
         self.ledger.submit(line)  # batched by the ledger's writer thread, off the event loop
@@ -137,7 +147,7 @@ class Accountant:
     def _write_bundle(self, outcome: Outcome, backend: BackendTag) -> None:
         """The full evidence bundle of one request (admin: GET /admin/evidence/{request_id})."""
         job = outcome.job
-        native = outcome.passes[0] if job.track == "native" else None
+        native = outcome.passes[0] if job.track != "chunked" else None
         bundle = {
             "request_id": job.request_id,
             "time": job.received_at,
@@ -181,6 +191,32 @@ def chunk_summary(result: PassResult) -> dict[str, Any]:
         "budget": result.budget.as_dict(),
         "coverage": result.coverage.as_dict(),
         "tokens": {"prompt": result.budget.prompt_tokens, "generated": result.stop.generated_tokens},
+    }
+
+
+def recovery_summary(outcome: Outcome) -> dict[str, Any]:
+    """The recovery track in the evidence and the ledger: the native verdict, then every further pass."""
+    report = outcome.recovery
+    assert report is not None
+    return {
+        "native": {
+            "stop": outcome.passes[0].stop.stop,
+            "coverage": report.native_coverage.as_dict(),
+            "truncated": bool(report.native_truncation),
+            "truncation_reasons": list(report.native_truncation),
+        },
+        "passes": [
+            {
+                **chunk_summary(p.result),
+                "cut_s": p.result.cut.start_s if p.result.cut is not None else 0.0,
+                "covered_before_s": p.covered_before_s,
+                "covered_after_s": p.covered_after_s,
+                "used": p.used,
+            }
+            for p in report.passes
+        ],
+        "stopped_because": report.stopped_because,
+        "recovered": any(p.used for p in report.passes),
     }
 
 

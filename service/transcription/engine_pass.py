@@ -12,16 +12,17 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from service.budget import TokenBudget
 from service.engine.protocol import EngineDeadError, GenerationRequest, GenerationUpdate, TranscriptionEngine
 from service.errors import ErrorCode, GatewayError
-from service.evidence import StopRecord, classify_stop, measure_coverage
+from service.evidence import StopRecord, Timeline, TimestampAnomaly, classify_stop, measure_coverage
 from service.longform import Cut
 from service.metrics import GatewayMetrics
-from service.settings import EvidenceSettings
+from service.settings import CoverageSettings, EvidenceSettings
+from service.speech import SpeechActivity
 from service.transcript import ParsedTranscript, Segment, TextDelta, TranscriptParser
 from service.transcription.job import PassResult, SegmentEvent, TextEvent, TokenLogprob
 from service.transcription.segment_stats import segment_stats, token_logprobs
@@ -39,12 +40,18 @@ class PassContext:
     engine: TranscriptionEngine
     metrics: GatewayMetrics
     evidence: EvidenceSettings
+    coverage: CoverageSettings
     retry_after_s: int
     capture_evidence: bool
 
 
 class EnginePass:
-    """Runs one `GenerationRequest`; `events()` yields text and segment events, then one `PassResult`."""
+    """Runs one `GenerationRequest`; `events()` yields text and segment events, then one `PassResult`.
+
+    Every segment is checked against the audio as it closes (`Timeline`), so the
+    streamed segment is already the final one: clamped to the span, and listed
+    as an anomaly when its times cannot be right.
+    """
 
     def __init__(
         self,
@@ -54,6 +61,7 @@ class EnginePass:
         budget: TokenBudget,
         duration_s: float,
         cut: Cut | None,
+        speech: SpeechActivity,
         segment_stats: bool,
         stream_logprobs: bool,
     ) -> None:
@@ -62,6 +70,10 @@ class EnginePass:
         self.budget = budget
         self.duration_s = duration_s
         self.cut = cut
+        self.speech = speech
+        self.timeline = Timeline(duration_s, context.coverage.timestamp_tolerance_s)
+        self.checked: list[Segment] = []
+        self.anomalies: list[TimestampAnomaly] = []
         self.want_segment_stats = segment_stats
         self.stream_logprobs = stream_logprobs
         self._pending_logprobs: list[TokenLogprob] = []
@@ -106,8 +118,15 @@ class EnginePass:
                 items[0] = TextEvent(items[0].text, items[0].segment, logprobs)
             else:
                 items.insert(0, TextEvent("", None, logprobs))
-        items += [SegmentEvent(segment) for segment in closed]
+        items += [SegmentEvent(self._check(segment)) for segment in closed]
         return items
+
+    def _check(self, segment: Segment) -> Segment:
+        checked, anomaly, self.timeline = self.timeline.check(segment)
+        self.checked.append(checked)
+        if anomaly is not None:
+            self.anomalies.append(anomaly)
+        return checked
 
     def _collect_logprobs(self, update: GenerationUpdate) -> None:
         if self.stream_logprobs and update.logprobs:
@@ -160,8 +179,11 @@ class EnginePass:
                 "tokens_per_s": round(update.num_generated / elapsed, 3) if elapsed > 0 else None,
             })
 
-    def _result(self, final: GenerationUpdate, transcript: ParsedTranscript) -> PassResult:
+    def _result(self, final: GenerationUpdate, parsed: ParsedTranscript) -> PassResult:
         engine = self.context.engine
+        if len(self.checked) != len(parsed.segments):
+            raise GatewayError(ErrorCode.ENGINE_ERROR, "The transcript parser closed segments it did not report.")
+        transcript = replace(parsed, segments=tuple(self.checked))
         stop = classify_pass_stop(engine, final, self.budget)
         ids = final.all_token_ids
         steps = final.all_logprobs
@@ -182,10 +204,14 @@ class EnginePass:
             final=final,
             transcript=transcript,
             stop=stop,
-            coverage=measure_coverage(transcript, self.duration_s),
+            coverage=measure_coverage(
+                transcript, self.duration_s, speech=self.speech, anomalies=self.anomalies,
+                min_gap_s=self.context.coverage.min_gap_s,
+            ),
             token_logprobs=logprobs,
             segment_stats=stats,
             checkpoints=tuple(self.checkpoints),
+            timestamp_anomalies=tuple(self.anomalies),
             last_64=self._last_64(ids) if self.context.capture_evidence else None,
         )
 

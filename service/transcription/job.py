@@ -13,12 +13,13 @@ from typing import Any, Literal
 from service.audio import DecodedAudio
 from service.budget import TokenBudget
 from service.engine.protocol import EngineTimings, GenerationUpdate
-from service.evidence import Coverage, StopRecord
+from service.evidence import Coverage, StopRecord, TimestampAnomaly
 from service.longform import Cut, CutPlan
+from service.speech import SpeechActivity
 from service.transcript import ParsedTranscript, Segment
 from service.transcription.params import TranscriptionParams
 
-Track = Literal["native", "chunked"]
+Track = Literal["native", "chunked", "native+recovery"]
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,29 @@ class ChunkedPlan:
 
 
 @dataclass(frozen=True)
+class RecoveryPlan:
+    """A native pass, then (only if it stops early with speech left) further passes over the rest.
+
+    `budget` is the native pass's; each further pass gets its own budget when its
+    cut is frozen (the cut depends on where the native pass stopped). The track
+    is fixed here, before any token, so the stream's headers already say it.
+    """
+
+    budget: TokenBudget
+    track: Track = "native+recovery"
+
+
+@dataclass(frozen=True)
 class TranscriptionJob:
     request_id: str
     params: TranscriptionParams
     audio: DecodedAudio
     instruction: str
-    plan: NativePlan | ChunkedPlan
+    plan: NativePlan | ChunkedPlan | RecoveryPlan
     started: float
     received_at: str
+    #: Where the audio holds sound (computed once at preparation): coverage is judged on speech, not time.
+    speech: SpeechActivity
 
     @property
     def track(self) -> Track:
@@ -92,6 +108,8 @@ class PassResult:
     token_logprobs: tuple[TokenLogprob, ...] | None
     segment_stats: tuple[SegmentStats, ...] | None
     checkpoints: tuple[dict[str, Any], ...] = ()
+    #: Segments (by this pass's local id) whose timestamps cannot be right; their times are clamped.
+    timestamp_anomalies: tuple[TimestampAnomaly, ...] = ()
     #: Kept when evidence is captured: the last 64 token IDs and their text with and without special tokens.
     last_64: dict[str, Any] | None = None
 
@@ -101,6 +119,33 @@ class ChunkedReport:
     """The chunked track's own evidence: cuts, stitching decisions, speaker links."""
 
     cut_plan: dict[str, Any]
+    stitching: dict[str, Any]
+    speakers: dict[str, Any]
+
+
+#: Why the recovery track stopped adding passes.
+RecoveryStop = Literal["not_needed", "covered", "no_progress", "max_passes"]
+
+
+@dataclass(frozen=True)
+class RecoveryPass:
+    """One pass of the recovery track: where it started, and whether its segments were used."""
+
+    result: PassResult
+    #: Covered end (global seconds) before and after this pass.
+    covered_before_s: float
+    covered_after_s: float
+    used: bool
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """The recovery track's own evidence: the native pass's verdict, every further pass, why it stopped."""
+
+    native_truncation: tuple[str, ...]
+    native_coverage: Coverage
+    passes: tuple[RecoveryPass, ...]
+    stopped_because: RecoveryStop
     stitching: dict[str, Any]
     speakers: dict[str, Any]
 
@@ -118,6 +163,9 @@ class Outcome:
     segment_stats: tuple[SegmentStats, ...] | None
     chunked: ChunkedReport | None = None
     token_logprobs: tuple[TokenLogprob, ...] | None = field(default=None)
+    #: Final segments (by final id) whose timestamps cannot be right: kept, clamped, never counted as coverage.
+    timestamp_anomalies: tuple[TimestampAnomaly, ...] = ()
+    recovery: RecoveryReport | None = None
 
     @property
     def truncated(self) -> bool:
@@ -125,11 +173,23 @@ class Outcome:
 
     @property
     def raw_text(self) -> str:
-        return self.passes[0].final.text if self.job.track == "native" else ""
+        """The native pass's raw text (the recovery track's first pass is the native one)."""
+        return "" if self.job.track == "chunked" else self.passes[0].final.text
 
     @property
     def token_ids(self) -> list[int]:
-        return self.passes[0].final.all_token_ids if self.job.track == "native" else []
+        return [] if self.job.track == "chunked" else self.passes[0].final.all_token_ids
+
+    @property
+    def generated_tokens(self) -> int:
+        """Every pass's tokens (the recovery track's `stop` is the native pass's alone)."""
+        return sum(p.stop.generated_tokens for p in self.passes)
+
+    @property
+    def prompt_tokens(self) -> int:
+        if self.recovery is None:
+            return self.job.budget.prompt_tokens
+        return sum(p.budget.prompt_tokens for p in self.passes)
 
 
 # -- what a running job reports ----------------------------------------------------

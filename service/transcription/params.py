@@ -61,6 +61,8 @@ class TranscriptionParams:
     budget_field: str
     include_logprobs: bool
     track: TrackChoice
+    #: `tail_recovery=auto`: a native pass that stops early with speech left is followed by further passes.
+    tail_recovery: bool = False
     ignore_eos: bool = False  # admin-only: forces the full budget (benchmarks, tests)
     capture_evidence: bool = False  # admin-only: keep the full evidence bundle of this request
 

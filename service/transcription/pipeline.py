@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from service.audio import DecodedAudio, decode_audio
-from service.budget import BudgetPolicy, EngineLimits, TokenBudget, plan_budget
+from service.budget import TokenBudget
 from service.errors import ErrorCode, GatewayError
 from service.ledger import current_request_id
 from service.longform import plan_cuts
 from service.prompt import build_instruction
+from service.speech import SpeechPolicy, detect_speech
 from service.state import GatewayState
 from service.transcription.accountant import Accountant
 from service.transcription.job import (
@@ -30,10 +31,11 @@ from service.transcription.job import (
     NativePlan,
     Outcome,
     PipelineEvent,
+    RecoveryPlan,
     TranscriptionJob,
 )
 from service.transcription.params import TranscriptionParams
-from service.transcription.tracks import ChunkedTrack, NativeTrack, PassFactory
+from service.transcription.tracks import ChunkedTrack, NativeTrack, PassFactory, RecoveryTrack, pass_budget
 
 #: Errors that mean "this audio does not fit one native pass": `auto` then takes the chunked track.
 _DOES_NOT_FIT = (ErrorCode.ENCODER_BUDGET_EXCEEDED, ErrorCode.CONTEXT_LENGTH_EXCEEDED)
@@ -43,12 +45,19 @@ class TranscriptionPipeline:
     """Prepares, runs and accounts for transcription jobs; built once per app."""
 
     def __init__(
-        self, *, state: GatewayState, accountant: Accountant, native: NativeTrack, chunked: ChunkedTrack
+        self,
+        *,
+        state: GatewayState,
+        accountant: Accountant,
+        native: NativeTrack,
+        chunked: ChunkedTrack,
+        recovery: RecoveryTrack,
     ) -> None:
         self.state = state
         self.accountant = accountant
         self.native = native
         self.chunked = chunked
+        self.recovery = recovery
 
     # -- preparing ------------------------------------------------------------
     async def prepare(self, params: TranscriptionParams, upload: bytes, filename: str | None) -> TranscriptionJob:
@@ -70,6 +79,14 @@ class TranscriptionPipeline:
             raise
         self._check_duration(audio, limit, native_only=native_only)
         instruction = build_instruction(params.instruction_override, params.hotwords)
+        coverage = self.state.settings.coverage
+        speech = await asyncio.to_thread(
+            detect_speech, audio.samples, audio.sample_rate, SpeechPolicy(
+                above_floor_db=coverage.speech_above_floor_db,
+                floor_db=coverage.speech_floor_db,
+                ceiling_db=coverage.speech_ceiling_db,
+            ),
+        )
         return TranscriptionJob(
             request_id=current_request_id() or f"trsc-{uuid.uuid4().hex}",  # the id the ledger layer answers with
             params=params,
@@ -78,6 +95,7 @@ class TranscriptionPipeline:
             plan=await self._plan(params, audio, instruction),
             started=started,
             received_at=datetime.now(UTC).isoformat(),
+            speech=speech,
         )
 
     def _check_duration(self, audio: DecodedAudio, limit: float, *, native_only: bool) -> None:
@@ -91,7 +109,16 @@ class TranscriptionPipeline:
         if audio.duration_s > limit:
             raise self._too_long(audio.duration_s, native_only=native_only)
 
-    async def _plan(self, params: TranscriptionParams, audio: DecodedAudio, instruction: str) -> NativePlan | ChunkedPlan:
+    async def _plan(
+        self, params: TranscriptionParams, audio: DecodedAudio, instruction: str
+    ) -> NativePlan | ChunkedPlan | RecoveryPlan:
+        """A native plan becomes a recovery plan when `tail_recovery=auto` was asked for."""
+        plan = await self._track_plan(params, audio, instruction)
+        if params.tail_recovery and isinstance(plan, NativePlan):
+            return RecoveryPlan(plan.budget)
+        return plan
+
+    async def _track_plan(self, params: TranscriptionParams, audio: DecodedAudio, instruction: str) -> NativePlan | ChunkedPlan:
         """`native` and `chunked` as asked; `auto`: one pass when the audio fits it, chunks beyond."""
         mode = params.track.mode
         whole = len(audio.samples)
@@ -114,24 +141,7 @@ class TranscriptionPipeline:
 
     def _budget(self, num_samples: int, instruction: str, requested: int | None) -> TokenBudget:
         """The output budget of one engine pass over `num_samples` of audio."""
-        engine = self.state.require_engine()
-        settings = self.state.settings
-        return plan_budget(
-            duration_s=num_samples / engine.sample_rate,
-            num_samples=num_samples,
-            prompt_tokens=engine.count_prompt_tokens(num_samples, instruction),
-            requested_max_tokens=requested,
-            policy=BudgetPolicy(
-                observed_tokens_per_second=settings.budget.observed_tokens_per_second,
-                conservative_tokens_per_second=settings.budget.conservative_tokens_per_second,
-                minimum_budget=settings.budget.minimum_budget,
-            ),
-            limits=EngineLimits(
-                max_model_len=engine.max_model_len,
-                encoder_budget_tokens=settings.effective_max_num_batched_tokens,
-                kv_bytes_per_token_bf16=engine.kv_bytes_per_token_bf16,
-            ),
-        )
+        return pass_budget(self.state, num_samples, instruction, requested)
 
     def _too_long(self, duration_s: float | None, *, native_only: bool) -> GatewayError:
         settings = self.state.settings
@@ -155,7 +165,12 @@ class TranscriptionPipeline:
         """The job's events, bounded by the request timeout; every end of it is accounted for once."""
         backend = self.state.gate.tag()
         plan = job.plan
-        track = self.native.events(job, plan) if isinstance(plan, NativePlan) else self.chunked.events(job, plan)
+        if isinstance(plan, NativePlan):
+            track = self.native.events(job, plan)
+        elif isinstance(plan, RecoveryPlan):
+            track = self.recovery.events(job, plan)
+        else:
+            track = self.chunked.events(job, plan)
         deadline = asyncio.get_running_loop().time() + self.state.settings.limits.request_timeout_s
         accounted = False
         try:
@@ -227,4 +242,5 @@ def build_pipeline(state: GatewayState) -> TranscriptionPipeline:
         ),
         native=NativeTrack(passes, coverage_margin_s=margin),
         chunked=ChunkedTrack(passes, coverage_margin_s=margin, max_concurrent_chunks=settings.longform.max_concurrent_chunks),
+        recovery=RecoveryTrack(passes, coverage_margin_s=margin, settings=settings.coverage),
     )

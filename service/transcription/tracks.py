@@ -13,10 +13,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from service.budget import TokenBudget
+from service.budget import BudgetPolicy, EngineLimits, TokenBudget, plan_budget
 from service.engine.protocol import EngineTimings, GenerationRequest
-from service.evidence import StopRecord, measure_coverage, truncation_reasons
-from service.longform import ChunkTranscript, Cut, LinkedSpeakers, StitchedTranscript, link_speakers, stitch
+from service.evidence import StopRecord, TimestampAnomaly, measure_coverage, truncation_reasons
+from service.longform import (
+    ChunkTranscript,
+    Cut,
+    LinkedSpeakers,
+    StitchedTranscript,
+    link_speakers,
+    stitch,
+)
+from service.settings import CoverageSettings
 from service.state import GatewayState
 from service.transcript import ParsedTranscript, Segment, separator
 from service.transcription.engine_pass import EnginePass, PassContext
@@ -29,6 +37,10 @@ from service.transcription.job import (
     PassResult,
     PipelineEvent,
     ProgressEvent,
+    RecoveryPass,
+    RecoveryPlan,
+    RecoveryReport,
+    RecoveryStop,
     SegmentEvent,
     SegmentStats,
     TextEvent,
@@ -67,13 +79,41 @@ class PassFactory:
             engine=engine,
             metrics=self.state.metrics,
             evidence=settings.evidence,
+            coverage=settings.coverage,
             retry_after_s=settings.limits.retry_after_s,
             capture_evidence=params.capture_evidence,
         )
+        speech = job.speech if cut is None else job.speech.window(cut.start_s, cut.end_s)
         return EnginePass(
-            context, request, budget=budget, duration_s=duration, cut=cut, segment_stats=stats,
+            context, request, budget=budget, duration_s=duration, cut=cut, speech=speech, segment_stats=stats,
             stream_logprobs=params.include_logprobs and params.stream,
         )
+
+    def budget(self, num_samples: int, instruction: str, requested: int | None) -> TokenBudget:
+        """The output budget of one engine pass over `num_samples` of audio."""
+        return pass_budget(self.state, num_samples, instruction, requested)
+
+
+def pass_budget(state: GatewayState, num_samples: int, instruction: str, requested: int | None) -> TokenBudget:
+    """The output budget of one engine pass over `num_samples` of audio (planning and recovery alike)."""
+    engine = state.require_engine()
+    settings = state.settings
+    return plan_budget(
+        duration_s=num_samples / engine.sample_rate,
+        num_samples=num_samples,
+        prompt_tokens=engine.count_prompt_tokens(num_samples, instruction),
+        requested_max_tokens=requested,
+        policy=BudgetPolicy(
+            observed_tokens_per_second=settings.budget.observed_tokens_per_second,
+            conservative_tokens_per_second=settings.budget.conservative_tokens_per_second,
+            minimum_budget=settings.budget.minimum_budget,
+        ),
+        limits=EngineLimits(
+            max_model_len=engine.max_model_len,
+            encoder_budget_tokens=settings.effective_max_num_batched_tokens,
+            kv_bytes_per_token_bf16=engine.kv_bytes_per_token_bf16,
+        ),
+    )
 
 
 class NativeTrack:
@@ -111,6 +151,7 @@ class NativeTrack:
             passes=(result,),
             segment_stats=result.segment_stats,
             token_logprobs=result.token_logprobs,
+            timestamp_anomalies=result.timestamp_anomalies,
         )
 
 
@@ -161,8 +202,12 @@ class ChunkedTrack:
             notes += ("the stream sent segments that the final stitch changed",)
         transcript = ParsedTranscript.from_segments(linked.segments, notes)
         engine = self.passes.state.require_engine()
-        coverage = measure_coverage(transcript, job.audio.duration_s)
-        reasons = self._truncation(chunks, stitched, coverage.uncovered_tail_s)
+        anomalies = map_anomalies([(s.chunk, s.local_id) for s in stitched.segments], chunks)
+        coverage = measure_coverage(
+            transcript, job.audio.duration_s, speech=job.speech, anomalies=anomalies,
+            min_gap_s=self.passes.state.settings.coverage.min_gap_s,
+        )
+        reasons = self._truncation(job, chunks, stitched, coverage.uncovered_speech_s)
         first_tokens = [c.final.timings.first_token for c in chunks if c.final.timings and c.final.timings.first_token]
         return Outcome(
             job=job,
@@ -174,6 +219,7 @@ class ChunkedTrack:
             finished=time.monotonic(),
             passes=tuple(chunks),
             segment_stats=_stitched_stats(stitched, chunks),
+            timestamp_anomalies=anomalies,
             chunked=ChunkedReport(
                 cut_plan=plan.cuts.as_dict(),
                 stitching={k: v for k, v in stitched.as_dict().items() if k not in ("segments", "text")},
@@ -181,7 +227,9 @@ class ChunkedTrack:
             ),
         )
 
-    def _truncation(self, chunks: list[PassResult], stitched: StitchedTranscript, tail_s: float) -> list[str]:
+    def _truncation(
+        self, job: TranscriptionJob, chunks: list[PassResult], stitched: StitchedTranscript, speech_left_s: float
+    ) -> list[str]:
         margin = self.coverage_margin_s
         reasons: list[str] = []
         for chunk in chunks:
@@ -191,11 +239,189 @@ class ChunkedTrack:
             if chunk.transcript.ends_inside_tag:
                 reasons.append(f"chunk {index} text ends inside an unfinished tag")
         for gap in stitched.gaps:
-            if gap.lost_s > margin:
-                reasons.append(f"{gap.lost_s:.2f} s of audio lost after chunk {gap.chunk} ({gap.reason})")
-        if tail_s > margin:
-            reasons.append(f"{tail_s:.2f} s of audio after the last segment (margin {margin:g} s)")
+            lost_speech = job.speech.seconds(gap.start_s, gap.start_s + gap.lost_s)
+            if lost_speech > margin:
+                reasons.append(f"{lost_speech:.2f} s of speech lost after chunk {gap.chunk} ({gap.reason})")
+        if speech_left_s > margin:
+            reasons.append(f"{speech_left_s:.2f} s of speech not covered by any segment (margin {margin:g} s)")
         return reasons
+
+
+class RecoveryTrack:
+    """`tail_recovery=auto`: the native pass, then further passes over the tail it left, stitched like chunks.
+
+    Why a track of its own: a recovered transcript is not a native success, so it
+    is reported as `native+recovery` everywhere, and the native pass's own stop
+    evidence stays in the answer as it was (`stop`; `recovery.native` keeps its
+    coverage and verdict). Further passes run one after the other, each from a
+    frozen cut `recovery_back_off_s` before the furthest settled segment so far
+    ends, until no speech is left after the covered end, a pass moves that end by
+    less than `recovery_min_progress_s` (its segments are then not used), or
+    `recovery_max_passes`. They are stitched with the chunked track's overlap
+    de-duplication and speaker linking.
+
+    Why segments stream only once they are settled: the final answer must equal
+    the stream. A native segment ending `recovery_back_off_s` before the furthest
+    settled end so far lies before every cut a later pass can take, so no stitch
+    can drop or change it; the others wait until the passes are done. Native
+    speaker labels are kept as written; a later pass's speaker linked to one of
+    them takes that label, an unlinked one a new label.
+    """
+
+    def __init__(self, passes: PassFactory, *, coverage_margin_s: float, settings: CoverageSettings) -> None:
+        self.passes = passes
+        self.coverage_margin_s = coverage_margin_s
+        self.settings = settings
+
+    async def events(self, job: TranscriptionJob, plan: RecoveryPlan) -> AsyncIterator[PipelineEvent]:
+        duration, back_off = job.audio.duration_s, self.settings.recovery_back_off_s
+        native_pass = self.passes.build(job, cut=None, budget=plan.budget)
+        held: list[Segment] = []
+        sent = 0
+        text = ""
+        furthest = 0.0
+        native: PassResult | None = None
+        async for item in native_pass.events():
+            if isinstance(item, PassResult):
+                native = item
+            elif isinstance(item, SegmentEvent):
+                held.append(item.segment)
+                if item.segment.id not in {a.segment for a in native_pass.anomalies}:
+                    furthest = max(furthest, item.segment.end)
+                while held and held[0].end <= furthest - back_off:
+                    segment = held.pop(0)
+                    piece = separator(text, segment.text) + segment.text
+                    text, sent = text + piece, sent + 1
+                    yield TextEvent(piece, segment.id)
+                    yield SegmentEvent(segment)
+                    yield ProgressEvent(min(furthest, duration), duration)
+        assert native is not None  # EnginePass.events always ends with its result
+        if native.coverage.uncovered_tail_speech_s <= self.coverage_margin_s:
+            outcome = self._unrecovered(job, native)
+        else:
+            passes, why = await self._recover(job, native)
+            outcome = self._conclude(job, native, passes, why, streamed=sent)
+        for segment in outcome.transcript.segments[sent:]:
+            piece = separator(text, segment.text) + segment.text
+            text += piece
+            yield TextEvent(piece, segment.id)
+            yield SegmentEvent(segment)
+        final_text = outcome.transcript.text
+        if len(final_text) > len(text) and final_text.startswith(text):  # the native pass's unfinished tail
+            yield TextEvent(final_text[len(text):], None)
+        yield ProgressEvent(min(outcome.coverage.last_segment_end_s or 0.0, duration), duration)
+        yield DoneEvent(outcome)
+
+    async def _recover(self, job: TranscriptionJob, native: PassResult) -> tuple[list[RecoveryPass], RecoveryStop]:
+        """Further passes until no speech is left, a pass makes no progress, or the pass limit."""
+        settings, duration = self.settings, job.audio.duration_s
+        covered = native.coverage.last_segment_end_s or 0.0
+        minimum = self.passes.state.settings.audio.min_duration_s
+        done: list[RecoveryPass] = []
+        for index in range(1, settings.recovery_max_passes + 1):
+            start = round(max(0.0, covered - settings.recovery_back_off_s), 3)
+            if duration - start < minimum:
+                return done, "covered"
+            cut = Cut(index, start, round(duration, 3))
+            first, last = cut.sample_span(job.audio.sample_rate)
+            budget = self.passes.budget(last - first, job.instruction, job.params.max_completion_tokens)
+            result = await self.passes.build(job, cut=cut, budget=budget).result()
+            reached = round(start + (result.coverage.last_segment_end_s or 0.0), 3)
+            if reached - covered < settings.recovery_min_progress_s:
+                done.append(RecoveryPass(result, covered, covered, used=False))
+                return done, "no_progress"
+            done.append(RecoveryPass(result, covered, reached, used=True))
+            covered = reached
+            if result.coverage.uncovered_tail_speech_s <= self.coverage_margin_s:
+                return done, "covered"
+        return done, "max_passes"
+
+    def _conclude(
+        self, job: TranscriptionJob, native: PassResult, passes: list[RecoveryPass], why: RecoveryStop, *, streamed: int
+    ) -> Outcome:
+        duration = job.audio.duration_s
+        used = [native] + [p.result for p in passes if p.used]
+        whole = Cut(0, 0.0, round(duration, 3))
+        stitched = stitch([
+            ChunkTranscript(cut=r.cut or whole, transcript=r.transcript, stop=r.stop.stop) for r in used
+        ])
+        linked = link_speakers(stitched)
+        first_cut = used[1].cut.start_s if len(used) > 1 and used[1].cut is not None else duration
+        prefix = list(native.transcript.segments[:streamed])  # already streamed: kept exactly as sent
+        for segment in native.transcript.segments[streamed:]:  # settled before every cut: no stitch changes them
+            if segment.end > first_cut:
+                break
+            prefix.append(segment)
+        kept = {(0, s.id) for s in prefix}
+        rest = [s for s in stitched.segments if (s.chunk, s.local_id) not in kept]
+        labels = native_labels(linked, native.transcript.speakers)
+        segments = tuple(prefix) + tuple(
+            Segment(len(prefix) + n, s.start, s.end, labels[(s.chunk, s.speaker)], s.text) for n, s in enumerate(rest)
+        )
+        origins = [(0, s.id) for s in prefix] + [(s.chunk, s.local_id) for s in rest]
+        anomalies = map_anomalies(origins, used)
+        transcript = ParsedTranscript.from_segments(segments, tuple(stitched.notes) + tuple(linked.notes))
+        coverage = measure_coverage(
+            transcript, duration, speech=job.speech, anomalies=anomalies, min_gap_s=self.settings.min_gap_s
+        )
+        last = used[-1]
+        first_token = native.final.timings.first_token if native.final.timings else None
+        return Outcome(
+            job=job,
+            transcript=transcript,
+            stop=native.stop,
+            coverage=coverage,
+            truncation=tuple(truncation_reasons(last.stop, coverage, margin_s=self.coverage_margin_s)),
+            timings=EngineTimings(submitted=job.started, first_token=first_token, finished=time.monotonic()),
+            finished=time.monotonic(),
+            passes=(native, *(p.result for p in passes)),
+            segment_stats=origin_stats(origins, used),
+            timestamp_anomalies=anomalies,
+            recovery=RecoveryReport(
+                native_truncation=tuple(truncation_reasons(native.stop, native.coverage, margin_s=self.coverage_margin_s)),
+                native_coverage=native.coverage,
+                passes=tuple(passes),
+                stopped_because=why,
+                stitching={k: v for k, v in stitched.as_dict().items() if k not in ("segments", "text")},
+                speakers=linked.as_dict(),
+            ),
+        )
+
+    def _unrecovered(self, job: TranscriptionJob, native: PassResult) -> Outcome:
+        """No speech left after the native pass: its answer, reported on this track."""
+        reasons = tuple(truncation_reasons(native.stop, native.coverage, margin_s=self.coverage_margin_s))
+        return Outcome(
+            job=job,
+            transcript=native.transcript,
+            stop=native.stop,
+            coverage=native.coverage,
+            truncation=reasons,
+            timings=native.final.timings or EngineTimings(submitted=job.started),
+            finished=time.monotonic(),
+            passes=(native,),
+            segment_stats=native.segment_stats,
+            token_logprobs=native.token_logprobs,
+            timestamp_anomalies=native.timestamp_anomalies,
+            recovery=RecoveryReport(reasons, native.coverage, (), "not_needed", {}, {}),
+        )
+
+
+def native_labels(linked: LinkedSpeakers, native_speakers: Sequence[str]) -> dict[tuple[int, str], str]:
+    """Labels for every (pass, local speaker): the native pass's own, or new ones after its highest."""
+    own = {label: local for (index, local), label in linked.mapping.items() if index == 0}
+    numbers = [int(s[1:]) for s in native_speakers if s[1:].isdigit()]
+    following = max(numbers, default=0) + 1
+    fresh: dict[str, str] = {}
+    labels: dict[tuple[int, str], str] = {}
+    for node, label in linked.mapping.items():
+        if label in own:
+            labels[node] = own[label]
+            continue
+        if label not in fresh:
+            fresh[label] = f"S{following:02d}"
+            following += 1
+        labels[node] = fresh[label]
+    return labels
 
 
 def settled_segments(results: Sequence[PassResult | None], plan: ChunkedPlan) -> tuple[Segment, ...]:
@@ -229,14 +455,37 @@ def _stitch(chunks: Sequence[PassResult]) -> tuple[StitchedTranscript, LinkedSpe
 
 def _stitched_stats(stitched: StitchedTranscript, chunks: Sequence[PassResult]) -> tuple[SegmentStats, ...] | None:
     """Each kept segment's statistics, from the chunk pass that wrote it."""
-    by_chunk = {c.cut.index: c.segment_stats for c in chunks if c.cut is not None}
+    return origin_stats([(s.chunk, s.local_id) for s in stitched.segments], chunks)
+
+
+def origin_stats(origins: Sequence[tuple[int, int]], passes: Sequence[PassResult]) -> tuple[SegmentStats, ...] | None:
+    """Statistics of segments given by (pass index, local id); None when any pass kept none."""
+    by_pass = {0 if p.cut is None else p.cut.index: p.segment_stats for p in passes}
     stats: list[SegmentStats] = []
-    for segment in stitched.segments:
-        chunk_stats = by_chunk.get(segment.chunk)
-        if chunk_stats is None:
+    for index, local in origins:
+        pass_stats = by_pass.get(index)
+        if pass_stats is None:
             return None
-        stats.append(chunk_stats[segment.local_id])
+        stats.append(pass_stats[local])
     return tuple(stats)
+
+
+def map_anomalies(origins: Sequence[tuple[int, int]], passes: Sequence[PassResult]) -> tuple[TimestampAnomaly, ...]:
+    """Each pass's timestamp anomalies, renumbered to the final segments (given by origin) and moved to global time."""
+    found = {
+        (0 if p.cut is None else p.cut.index, a.segment): (a, 0.0 if p.cut is None else p.cut.start_s)
+        for p in passes
+        for a in p.timestamp_anomalies
+    }
+    mapped: list[TimestampAnomaly] = []
+    for final_id, origin in enumerate(origins):
+        hit = found.get(origin)
+        if hit is not None:
+            anomaly, offset = hit
+            mapped.append(
+                TimestampAnomaly(final_id, round(anomaly.start + offset, 3), round(anomaly.end + offset, 3), anomaly.kind, anomaly.detail)
+            )
+    return tuple(mapped)
 
 
 def aggregate_stop(chunks: Sequence[PassResult], max_model_len: int) -> StopRecord:

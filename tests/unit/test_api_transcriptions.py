@@ -63,13 +63,21 @@ def test_evidence_records_as_dict_match_dataclasses_asdict() -> None:
     import dataclasses
 
     from service.budget import TokenBudget
-    from service.evidence import Coverage, StopRecord
+    from service.evidence import Coverage, StopRecord, UncoveredSpan
 
-    for cls in (TokenBudget, StopRecord, Coverage):
+    for cls in (TokenBudget, StopRecord):
         values = {f.name: (f"v-{f.name}" if f.type in ("str", "str | None") else 1) for f in dataclasses.fields(cls)}
         record = cls(**values)
         assert record.as_dict() == dataclasses.asdict(record)
         assert list(record.as_dict()) == [f.name for f in dataclasses.fields(cls)]
+    coverage = Coverage(
+        audio_duration_s=40.0, last_segment_end_s=10.0, coverage=0.25, uncovered_tail_s=30.0, ends_inside_tag=False,
+        incomplete_tail="", speech_s=12.0, uncovered_speech_s=2.0, uncovered_tail_speech_s=2.0,
+        uncovered=(UncoveredSpan("tail", 10.0, 40.0, 2.0),), excluded_segments=(3,),
+    )
+    as_json = json.loads(json.dumps(coverage.as_dict()))  # the nested spans are plain data too
+    assert as_json == json.loads(json.dumps(dataclasses.asdict(coverage)))
+    assert list(coverage.as_dict()) == [f.name for f in dataclasses.fields(Coverage)]
 
 
 def test_text_format_is_plain_text(fake_client: AppFactory) -> None:

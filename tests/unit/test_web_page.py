@@ -65,13 +65,13 @@ def test_unknown_asset_is_a_404_in_the_error_envelope(fake_client: AppFactory) -
 
 
 def test_page_opens_without_a_key_while_the_api_needs_one(fake_client: AppFactory) -> None:
-    client, _ = fake_client(access={"api_keys": ["key-one"]})
+    client, _ = fake_client(access={"api_keys": ["key-one-0123456789abcdef"]})
     assert client.get("/").status_code == 200
     assert client.get("/ui/app.js").status_code == 200
     refused = client.get("/v1/backend")
     assert refused.status_code == 401
     assert "API key" in refused.json()["error"]["message"]
-    assert client.get("/v1/backend", headers={"Authorization": "Bearer key-one"}).status_code == 200
+    assert client.get("/v1/backend", headers={"Authorization": "Bearer key-one-0123456789abcdef"}).status_code == 200
 
 
 def test_page_is_not_part_of_the_openapi_schema(fake_client: AppFactory) -> None:

@@ -148,6 +148,18 @@ def parse_chunking_strategy(form: FormData, defaults: ChunkingPolicy) -> TrackCh
     return TrackChoice("chunked", policy)
 
 
+def parse_tail_recovery(raw: str | None) -> bool:
+    """`tail_recovery`: `auto` (recover a tail the native pass left with speech in it) or `off` (the default)."""
+    value = (raw or "off").strip().lower()
+    if value in ("off", "none", ""):
+        return False
+    if value == "auto":
+        return True
+    raise GatewayError(
+        ErrorCode.INVALID_REQUEST, f"tail_recovery must be 'auto' or 'off', got '{raw}'.", param="tail_recovery"
+    )
+
+
 def _number(value: Any) -> Any:
     """Form fields arrive as text; numbers in a server_vad object must be numbers."""
     if not isinstance(value, str):
@@ -261,6 +273,7 @@ def parse_form(form: FormData, *, chunking_defaults: ChunkingPolicy, evidence_by
         budget_field=budget_field,
         include_logprobs=parse_include(list_field(form, "include")),
         track=parse_chunking_strategy(form, chunking_defaults),
+        tail_recovery=parse_tail_recovery(text_field(form, "tail_recovery")),
         ignore_eos=parse_bool(text_field(form, "ignore_eos"), param="ignore_eos"),
         capture_evidence=parse_bool(text_field(form, "capture_evidence"), param="capture_evidence") or evidence_by_default,
     )

@@ -56,8 +56,8 @@ def segment_id(segment: int) -> str:
 
 def usage_tokens(outcome: Outcome) -> dict[str, Any]:
     """OpenAI's token usage; each response type validates it into its own model of that shape."""
-    prompt, audio = outcome.job.budget.prompt_tokens, outcome.job.budget.audio_tokens
-    generated = outcome.stop.generated_tokens
+    prompt, audio = outcome.prompt_tokens, outcome.job.budget.audio_tokens
+    generated = outcome.generated_tokens
     return UsageTokens(
         type="tokens",
         input_tokens=prompt,
@@ -207,15 +207,24 @@ def done_event(event: DoneEvent, backend: BackendTag, evidence: dict[str, Any]) 
 def evidence_headers(outcome: Outcome, backend: BackendTag) -> dict[str, str]:
     """The stop evidence and the backend in headers, for every non-streamed answer."""
     plan_sha = outcome.chunked.cut_plan.get("sha256", "") if outcome.chunked is not None else ""
+    recovery = outcome.recovery
+    extra = {} if recovery is None else {
+        "X-Moss-Native-Truncated": "true" if recovery.native_truncation else "false",
+        "X-Moss-Recovery-Passes": str(len(recovery.passes)),
+        "X-Moss-Recovery-Stop": recovery.stopped_because,
+    }
     return {
         **stream_headers(outcome.job.request_id, outcome.job.track, backend),
         "X-Moss-Cut-Plan-Sha256": str(plan_sha),
         "X-Moss-Stop": outcome.stop.stop,
         "X-Moss-Truncated": "true" if outcome.truncated else "false",
-        "X-Moss-Generated-Tokens": str(outcome.stop.generated_tokens),
+        "X-Moss-Generated-Tokens": str(outcome.generated_tokens),
         "X-Moss-Max-Tokens": str(outcome.job.budget.max_tokens),
         "X-Moss-Coverage": f"{outcome.coverage.coverage:.4f}",
         "X-Moss-Uncovered-Tail-S": f"{outcome.coverage.uncovered_tail_s:.3f}",
+        "X-Moss-Uncovered-Speech-S": f"{outcome.coverage.uncovered_speech_s:.3f}",
+        "X-Moss-Timestamp-Anomalies": str(len(outcome.timestamp_anomalies)),
+        **extra,
     }
 
 

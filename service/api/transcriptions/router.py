@@ -42,6 +42,17 @@ FORM_SCHEMA: dict[str, Any] = {
         "max_completion_tokens": _text("The output budget."),
         "max_new_tokens": _text("Alias of max_completion_tokens."),
         "chunking_strategy": _text("auto (the server decides) or a server_vad JSON object (chunked track)."),
+        "tail_recovery": {
+            "type": "string",
+            "enum": ["off", "auto"],
+            "default": "off",
+            "description": (
+                "auto: when the native pass stops early with speech left after its last segment, transcribe the "
+                "rest in further passes (each from a frozen cut a little before the last settled segment ends), "
+                "stitched like chunks. Reported as track native+recovery; the native pass's own stop evidence "
+                "stays in moss.stop and moss.recovery.native. Ignored on the chunked track."
+            ),
+        },
         "known_speaker_names[]": _array("Refused: the model cannot use reference speakers."),
         "known_speaker_references[]": _array("Refused: the model cannot use reference speakers."),
         "ignore_eos": _text("Admin only: generate the whole budget."),
