@@ -202,7 +202,11 @@ def create_app(
         admission=admission_controller(settings, metrics),
     )
     install_error_handlers(app)
-    app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
+    app.add_middleware(
+        UploadLimitMiddleware,
+        max_upload_bytes=settings.audio.max_upload_bytes,
+        max_body_bytes=settings.server.max_body_bytes,
+    )
     access = settings.access
     admin_token = settings.server.admin_token
     app.add_middleware(

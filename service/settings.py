@@ -33,6 +33,14 @@ class ServerSettings(BaseModel):
         description="Bearer token for /admin/* routes. Unset: admin routes refuse everything.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        description=(
+            "Body cap of every route that takes no audio (audio routes: audio.max_upload_bytes); "
+            "enforced while the body streams in."
+        ),
+    )
 
 
 class AccessSettings(BaseModel):
