@@ -109,3 +109,16 @@ def test_chunked_stream_ends_with_segments_and_done(fake_client: AppFactory) -> 
     assert sum(e["type"] == "transcript.text.segment" for e in events) == len(
         [s for c in events[-1]["moss"]["chunks"] for s in c["local_segments"]]
     ) - len(events[-1]["moss"]["stitching"].get("dropped", []))
+
+
+def test_nested_or_oversized_chunking_strategy_is_400(fake_client: AppFactory) -> None:
+    """Issue 12: a chunking_strategy nested 50,000 deep was a RecursionError and a 500."""
+    client, engine = fake_client(longform=LONGFORM)
+    deep = '{"type": "server_vad", "threshold": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    nested = '{"type": "server_vad", "threshold": ' + "[" * 500 + "]" * 500 + "}"
+    for strategy in (deep, nested):
+        response = transcribe(client, speech_with_pauses(2.0), chunking_strategy=strategy)
+        assert response.status_code == 400, response.text[:300]
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", "chunking_strategy")
+    assert engine.requests == []
