@@ -22,6 +22,7 @@ from service.access import ApiKeyMiddleware
 from service.admission import AdmissionController
 from service.api import admin, system
 from service.api.transcriptions import router as transcriptions
+from service.body_deadline import BodyDeadlineMiddleware
 from service.engine.protocol import TranscriptionEngine
 from service.errors import install_error_handlers
 from service.ledger import JsonLinesLedger
@@ -216,6 +217,14 @@ def create_app(
         extra_keys=(admin_token.get_secret_value().encode(),) if admin_token else (),
         protect_health=access.protect_health,
         protect_metrics=access.protect_metrics,
+    )
+    server = settings.server
+    # Outside the key check, so a refusal sent before the body arrived closes the connection too.
+    app.add_middleware(
+        BodyDeadlineMiddleware,
+        total_timeout_s=server.body_timeout_s,
+        idle_timeout_s=server.body_idle_timeout_s,
+        min_rate_bytes_s=server.body_min_rate_bytes_s,
     )
     app.include_router(system.router)
     app.include_router(admin.router)

@@ -47,21 +47,13 @@ def _logging(level: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from service.app import create_app
+    from service.server import run_server
 
     settings = _settings(args)
     _logging(settings.server.log_level)
-    app = create_app(settings)
-    uvicorn.run(
-        app,
-        host=settings.server.host,
-        port=settings.server.port,
-        log_level=settings.server.log_level,
-        # uvicorn drains open requests this long after SIGTERM; the lifespan then aborts what is left.
-        timeout_graceful_shutdown=int(settings.lifecycle.drain_timeout_s),
-    )
+    # Header size and deadline, keep-alive, connection limit: see service/server.py.
+    run_server(create_app(settings), settings)
     return 0
 
 

@@ -24,7 +24,7 @@ EMBEDDED_MAX_DURATION_S = 120.0
 
 
 class ServerSettings(BaseModel):
-    """HTTP front."""
+    """HTTP front: what one client may hold of the server (see service/server.py and docs/operations.md)."""
 
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
@@ -41,6 +41,24 @@ class ServerSettings(BaseModel):
             "enforced while the body streams in."
         ),
     )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Request line plus headers; beyond it the connection gets 400 and is closed."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time for a request's line and headers to arrive, from connect or the last response."
+    )
+    keep_alive_timeout_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this long.")
+    body_timeout_s: float = Field(600.0, gt=0, description="Time for a whole request body to arrive; beyond it, 408.")
+    body_idle_timeout_s: float = Field(
+        30.0, gt=0, description="Longest silence while a request body arrives (also the grace before the rate check)."
+    )
+    body_min_rate_bytes_s: int = Field(
+        16 * 1024, ge=0, description="Slowest average body rate accepted once body_idle_timeout_s has passed (0: off)."
+    )
+    max_connections: int = Field(
+        512, gt=0, description="Open connections (and running requests) served at once; a request beyond them gets 503."
+    )
+    backlog: int = Field(2048, gt=0, description="Connections the kernel queues before they are accepted.")
 
 
 class AccessSettings(BaseModel):

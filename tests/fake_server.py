@@ -1,4 +1,4 @@
-"""A gateway on the fake engine in its own process, for shutdown tests.
+"""A gateway on the fake engine in its own process, for shutdown and HTTP-front tests.
 
     python tests/fake_server.py --port P --state-dir D [--token-delay S] [--drain S]
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-import uvicorn  # noqa: E402
 from fake_engine import FakeEngine  # noqa: E402
 from helpers import open_gate  # noqa: E402
 
 from service.app import create_app  # noqa: E402
+from service.server import run_server  # noqa: E402
 from service.settings import GatewaySettings  # noqa: E402
 
 
@@ -29,7 +29,8 @@ def main() -> None:
     settings = GatewaySettings(state_dir=Path(args.state_dir), lifecycle={"drain_timeout_s": args.drain})
     engine = FakeEngine(token_delay_s=args.token_delay)
     app = create_app(settings, engine_factory=lambda _: engine, on_ready=open_gate)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", timeout_graceful_shutdown=int(args.drain))
+    # The gateway's own server configuration (limits from MOSS_GATEWAY_SERVER__*), on the test's port.
+    run_server(app, settings, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
