@@ -26,6 +26,7 @@ from helpers import make_wav
 from starlette.types import Message, Receive, Scope, Send
 
 from service.body_deadline import BodyDeadlineMiddleware
+from service.settings import ServerSettings
 
 LIMITS = {
     "MAX_HEADER_BYTES": "16384",
@@ -230,3 +231,12 @@ def test_the_whole_body_has_a_deadline_even_at_a_good_rate() -> None:
     assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
     assert b"within 0.5 s" in sent[1]["body"]
     assert 0 < read_bytes < 20_000
+
+
+def test_every_server_limit_is_documented() -> None:
+    """docs/operations.md has a row for each limit of the HTTP front."""
+    table = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    limits = set(ServerSettings.model_fields) - {"host", "port", "admin_token", "log_level"}
+    assert limits, "no limits found"
+    missing = sorted(name for name in limits if f"`SERVER__{name.upper()}`" not in table)
+    assert not missing, f"docs/operations.md does not list {missing}"
