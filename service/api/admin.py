@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from service.errors import ErrorCode, GatewayError
+from service.forms import ADMIN_CLIP_FORM
 from service.gate import record_store, run_qualification
 from service.state import GatewayState
 
@@ -81,11 +82,6 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: Form limits of the admin clip upload, applied while the form is parsed: one file
-#: part, a few fields, small text parts (the file's own size is capped by UploadLimitMiddleware).
-QUALIFY_FORM_MAX_FILES = 1
-QUALIFY_FORM_MAX_FIELDS = 8
-QUALIFY_FORM_MAX_PART_BYTES = 64 * 1024
 #: Longest clip file name kept (bytes of UTF-8; a typical file-system limit).
 MAX_CLIP_NAME_BYTES = 255
 _CLIP_FORM_SCHEMA = {
@@ -129,10 +125,9 @@ def _save_clip(source: BinaryIO, folder: Path, name: str) -> Path:
 
 
 async def _receive_clip(request: Request) -> tuple[Path, Path] | None:
-    """Parse the (authenticated) form with tight limits; the clip saved as (folder, path), or None without one."""
-    async with request.form(
-        max_files=QUALIFY_FORM_MAX_FILES, max_fields=QUALIFY_FORM_MAX_FIELDS, max_part_size=QUALIFY_FORM_MAX_PART_BYTES
-    ) as form:
+    """Parse the (authenticated) form within ADMIN_CLIP_FORM; the clip saved as (folder, path), or None without one."""
+    form = await ADMIN_CLIP_FORM.parse(request)
+    try:
         clip = form.get("clip")
         if clip is None:
             return None
@@ -147,6 +142,8 @@ async def _receive_clip(request: Request) -> tuple[Path, Path] | None:
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, folder, True)
             raise
+    finally:
+        await form.close()
 
 
 @router.post("/admin/qualify", status_code=202, openapi_extra=_CLIP_FORM_SCHEMA)

@@ -20,6 +20,7 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+from helpers import AppFactory
 
 import service.audio
 from service.audio import decode_audio
@@ -187,3 +188,12 @@ def test_a_non_seekable_stream_is_a_programming_error() -> None:
 
     with pytest.raises(ValueError, match="seekable"):
         decode_audio(OneWay())  # type: ignore[arg-type]
+
+
+def test_the_hostile_file_through_the_api_is_400_too_long(fake_client: AppFactory, hostile_file: Path) -> None:
+    client, engine = fake_client()
+    with hostile_file.open("rb") as upload:
+        response = client.post("/v1/audio/transcriptions", files={"file": ("bomb.mkv", upload, "video/x-matroska")})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "audio_too_long"
+    assert engine.requests == []

@@ -10,10 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 from helpers import AppFactory, make_wav
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from service.api.admin import clip_file_name
 from service.errors import GatewayError
+from service.forms import TRANSCRIPTION_FORM, FormLimits
 
 ADMIN = {"Authorization": "Bearer s3cret"}
 BOUNDARY = "limitboundary"
@@ -111,3 +117,35 @@ def test_clip_file_name_keeps_the_last_component() -> None:
     for bad in ("..", "x/", "\x00"):
         with pytest.raises(GatewayError):
             clip_file_name(bad)
+
+
+def test_admin_form_takes_one_clip_only(fake_client: AppFactory) -> None:
+    client, _ = fake_client(server={"admin_token": "s3cret"})
+    two = [("clip", ("a.wav", make_wav(1.0), "audio/wav")), ("clip", ("b.wav", make_wav(1.0), "audio/wav"))]
+    response = client.post("/admin/qualify", files=two, headers=ADMIN)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert client.app.state.gateway.qualification_task is None  # type: ignore[attr-defined]
+
+
+def _form_app(limits: FormLimits) -> Starlette:
+    async def echo(request: Request) -> JSONResponse:
+        form = await limits.parse(request)
+        return JSONResponse(sorted(form.keys()))
+
+    return Starlette(routes=[Route("/", echo, methods=["POST"])])
+
+
+def test_transcription_form_limits_take_an_sdk_request_and_refuse_more() -> None:
+    client = TestClient(_form_app(TRANSCRIPTION_FORM))
+    sdk_fields = {
+        "model": "m", "prompt": "p" * 4000, "response_format": "verbose_json", "temperature": "0",
+        "timestamp_granularities[]": ["segment"], "chunking_strategy[type]": "server_vad",
+        "chunking_strategy[threshold]": "0.5", "stream": "true", "max_completion_tokens": "100",
+    }
+    wav = {"file": ("a.wav", make_wav(1.0), "audio/wav")}
+    assert client.post("/", data=sdk_fields, files=wav).status_code == 200
+    two_files = [("file", ("a.wav", b"1", "audio/wav")), ("file", ("b.wav", b"2", "audio/wav"))]
+    assert client.post("/", files=two_files).status_code == 400
+    assert client.post("/", data={f"f{i}": "x" for i in range(40)}, files=wav).status_code == 400
+    assert client.post("/", data={"prompt": "p" * (65 * 1024)}, files=wav).status_code == 400
