@@ -13,7 +13,8 @@ Why it is built this way:
   frames are cut into slices of bounded size first. Memory therefore stays
   proportional to the allowed duration, never to what a small file claims to
   hold: the 16 kHz chunks plus their concatenation (two copies of the allowed
-  result), one slice, and the demuxed packet.
+  result), one slice, and one demuxed packet and its frame (packets over
+  `MAX_PACKET_BYTES` are refused before they are decoded).
 - The input is `bytes` or a seekable binary file object (the upload's spool
   file): both libraries read file objects, so an upload is decoded without a
   whole in-memory copy. The sha256 of the samples is computed as they are kept.
@@ -58,6 +59,10 @@ _BLOCK_FRAMES = 16_384  # libsndfile read size: 4 MiB at the 64-channel worst ca
 #: Most values (source samples x channels, or 16 kHz output samples) one slice of an
 #: FFmpeg frame may turn into: 4 MiB of float32 per step, whatever the frame holds.
 _SLICE_VALUES = 1 << 20
+#: Largest demuxed packet decoded. One compressed audio packet is at most a few hundred KB and a
+#: PCM block of a real recording far less than this; FFmpeg decodes a packet into one frame (up to
+#: 4x its size for ADPCM) before the duration budget can be checked, so a bigger one is refused.
+MAX_PACKET_BYTES = 16 << 20
 #: Bytes read from the start of the input to name containers and describe failures.
 _HEAD_BYTES = 64
 #: Output samples a block may be predicted to overshoot the budget by before it is
@@ -323,6 +328,11 @@ def _decode_with_pyav(file: BinaryIO, head: bytes, sink: _Sink, label: str, sf_r
         _check_header(source.rate, source.channels, label, name)
         try:
             for packet in container.demux(stream):
+                if packet.size > MAX_PACKET_BYTES:
+                    raise _invalid(
+                        f"{label} ({name}) holds an audio packet of {packet.size} bytes; "
+                        f"at most {MAX_PACKET_BYTES} are accepted in one packet."
+                    )
                 for frame in packet.decode():
                     rate, channels = frame.sample_rate, frame.layout.nb_channels
                     _check_header(rate, channels, label, name)

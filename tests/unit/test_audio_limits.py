@@ -197,3 +197,12 @@ def test_the_hostile_file_through_the_api_is_400_too_long(fake_client: AppFactor
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "audio_too_long"
     assert engine.requests == []
+
+
+def test_a_packet_over_the_packet_cap_is_refused_before_decoding() -> None:
+    """FFmpeg decodes a packet whole before the budget can be checked, so one over 16 MiB is refused."""
+    samples = np.zeros(service.audio.MAX_PACKET_BYTES // 2 + 1, np.int16)  # one block of MAX + 2 bytes
+    with pytest.raises(GatewayError) as caught:
+        decode_audio(pcm_matroska(samples, rate=48_000))  # no duration budget at all
+    assert caught.value.code is ErrorCode.INVALID_AUDIO
+    assert "audio packet of" in caught.value.message
