@@ -156,11 +156,15 @@ async def start_qualification(request: Request) -> JSONResponse:
     require_admin(request)
     state = _state(request)
     state.require_engine()
-    task = state.qualification_task
-    if task is not None and not task.done():
-        return JSONResponse(qualification_status(state), status_code=409)
     received = await _receive_clip(request)
     folder, clip_path = received if received is not None else (None, None)
+    # Checked after the (awaited) upload, with no await until the new task is registered:
+    # two uploads finishing together cannot both start a run.
+    task = state.qualification_task
+    if task is not None and not task.done():
+        if folder is not None:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+        return JSONResponse(qualification_status(state), status_code=409)
 
     async def job() -> None:
         try:
