@@ -219,7 +219,7 @@ def create_app(
         protect_metrics=access.protect_metrics,
     )
     server = settings.server
-    # Outside the key check, so a refusal sent before the body arrived closes the connection too.
+    # Outermost of the request-shaping middleware: its deadlines hold for every route.
     app.add_middleware(
         BodyDeadlineMiddleware,
         total_timeout_s=server.body_timeout_s,

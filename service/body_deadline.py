@@ -1,4 +1,4 @@
-"""The request body must arrive in time, and an unread body never holds a connection.
+"""The request body must arrive in time.
 
 uvicorn bounds the wait for a request's headers (with service/server.py) and
 the idle time between requests, but not the body: a body dripped a byte at a
@@ -9,10 +9,12 @@ silence longer than `idle_timeout_s`, and, once `idle_timeout_s` has passed, at
 an average of at least `min_rate_bytes_s`. A body that misses a deadline is
 answered 408 `request_body_timeout`.
 
-Every response that starts before its request's body was received in full
-(a refusal from the headers: 401, 413, 408...) carries `Connection: close`, so
-the server stops reading the rest instead of receiving and discarding it on
-an open connection.
+The 408 carries `Connection: close`: the server stops reading a body it gave
+up on. Other early answers (401, 413 sent before the body was read) keep
+uvicorn's behaviour: the rest of the body is read and dropped, so the client
+gets its answer instead of a reset, and the header deadline of
+service/server.py closes the connection if that goes on past
+`server.header_timeout_s`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
 
 
 class BodyDeadlineMiddleware:
-    """Deadlines on receiving a request body; `Connection: close` on responses that do not wait for it."""
+    """Deadlines on receiving a request body; the 408 that ends one closes the connection."""
 
     def __init__(self, app: ASGIApp, *, total_timeout_s: float, idle_timeout_s: float, min_rate_bytes_s: int) -> None:
         self.app = app
@@ -60,7 +62,13 @@ class BodyDeadlineMiddleware:
         started = loop.time()
         received = 0
         complete = False
+        timed_out = False
         response_started = False
+
+        def give_up(detail: str) -> BodyTimeout:
+            nonlocal timed_out
+            timed_out = True
+            return BodyTimeout(detail)
 
         async def timed_receive() -> Message:
             nonlocal received, complete
@@ -69,30 +77,31 @@ class BodyDeadlineMiddleware:
             remaining = started + self.total_timeout_s - loop.time()
             wait = min(self.idle_timeout_s, remaining)
             if wait <= 0:
-                raise BodyTimeout(f"The request body did not arrive within {self.total_timeout_s:g} s.")
+                raise give_up(f"The request body did not arrive within {self.total_timeout_s:g} s.")
             try:
                 message = await asyncio.wait_for(receive(), wait)
             except TimeoutError:
                 if wait < self.idle_timeout_s:
-                    raise BodyTimeout(f"The request body did not arrive within {self.total_timeout_s:g} s.") from None
-                raise BodyTimeout(f"No part of the request body arrived for {self.idle_timeout_s:g} s.") from None
+                    raise give_up(f"The request body did not arrive within {self.total_timeout_s:g} s.") from None
+                raise give_up(f"No part of the request body arrived for {self.idle_timeout_s:g} s.") from None
             if message["type"] != "http.request" or not message.get("more_body", False):
                 complete = True
                 return message
             received += len(message.get("body", b""))
             elapsed = loop.time() - started
             if elapsed > self.idle_timeout_s and received < self.min_rate_bytes_s * elapsed:
-                raise BodyTimeout(
+                raise give_up(
                     f"The request body arrives slower than {self.min_rate_bytes_s} bytes per second "
                     f"({received} bytes in {elapsed:.0f} s)."
                 )
             return message
 
         async def closing_send(message: Message) -> None:
+            """The 408 (whoever renders it: this middleware or the app's error handler) closes the connection."""
             nonlocal response_started
             if message["type"] == "http.response.start":
                 response_started = True
-                if not complete:
+                if timed_out:
                     message = {**message, "headers": [*message.get("headers", []), CLOSE_HEADER]}
             await send(message)
 

@@ -181,6 +181,33 @@ def test_a_body_shorter_than_its_content_length_is_cut_off_with_408(front: Front
     assert time.monotonic() - started < PROMPT_S
 
 
+def test_unauthenticated_upload_is_answered_at_once_and_its_body_not_waited_for(front: Front) -> None:
+    """401 from the headers before any body is sent; the rest of a dripped body then holds nothing."""
+    head = (
+        "POST /admin/qualify HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer nope\r\n"
+        f"Content-Type: multipart/form-data; boundary=b0undary\r\nContent-Length: {200 << 20}\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    with front.connect() as sock:
+        sock.sendall(head)  # a 200 MiB body announced, none of it sent
+        sock.settimeout(PROMPT_S)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert time.monotonic() - started < PROMPT_S
+        closed = False
+        for _ in range(int(PROMPT_S / 0.2)):  # keep dripping the body the server will never use
+            try:
+                sock.sendall(b"\0" * 100)
+            except ConnectionError:
+                closed = True
+                break
+            _, closed = read_until_closed(sock, 0.2)
+            if closed:
+                break
+    assert closed, "the connection stayed open for the rest of a refused body"
+    assert time.monotonic() - started < PROMPT_S + 1
+
+
 def test_connections_beyond_the_limit_get_503(front: Front) -> None:
     request = b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n"
     held = [front.connect() for _ in range(int(LIMITS["MAX_CONNECTIONS"]))]
