@@ -137,7 +137,8 @@ async def _reference_child(
         if process.returncode != 0:
             tail = output.decode(errors="replace")[-2000:]
             raise RuntimeError(f"the reference run failed (exit {process.returncode}): {tail}")
-        return json.loads(out_path.read_text())
+        result: dict[str, Any] = json.loads(out_path.read_text())
+        return result
 
 
 def reference_cache_key(*, identity: dict[str, Any], clip: Clip, instruction: str, max_new_tokens: int) -> str:
@@ -360,7 +361,7 @@ async def qualify(
     say(f"batch: {batched.verdict} ({batched.explanation})")
 
     device = identity.get("runtime", {}).get("accelerator", {}).get("kind", "cpu")
-    body = {
+    body: dict[str, Any] = {
         "qualification_id": f"q-{uuid.uuid4().hex[:16]}",
         "created_at": datetime.now(UTC).isoformat(),
         "fingerprint": fingerprint,

@@ -26,8 +26,12 @@ from service.admission import AdmissionController
 from service.api import admin, system, web
 from service.api.transcriptions import router as transcriptions
 from service.api.transcriptions.serving import build_serving
+from service.body_deadline import BodyDeadlineMiddleware
+from service.checkpoint import TINY_CHECKPOINT_NAME, ensure_tiny_checkpoint
 from service.engine.protocol import TranscriptionEngine
+from service.engine.vllm_engine import VllmTranscriptionEngine
 from service.errors import ErrorCode, install_error_handlers
+from service.gate import open_gate_from_records, record_store_for
 from service.ledger import JsonLinesLedger, watch_request
 from service.metrics import GatewayMetrics
 from service.settings import GatewaySettings, LifecycleSettings
@@ -52,7 +56,6 @@ ReadyHook = Callable[[GatewayState], Awaitable[None]]
 def resolve_model_dir(settings: GatewaySettings) -> Path:
     """The checkpoint directory: the configured one, or the embedded tiny checkpoint."""
     if settings.engine.model is None:
-        from service.checkpoint import ensure_tiny_checkpoint
 
         return ensure_tiny_checkpoint(settings.cache_dir)
     path = Path(settings.engine.model).expanduser()
@@ -67,7 +70,6 @@ def model_name(settings: GatewaySettings) -> str:
     if settings.engine.served_model_name:
         return settings.engine.served_model_name
     if settings.engine.model is None:
-        from service.checkpoint import TINY_CHECKPOINT_NAME
 
         return TINY_CHECKPOINT_NAME
     return Path(settings.engine.model).name or settings.engine.model
@@ -78,7 +80,6 @@ EMBEDDED_KV_CACHE_BYTES = 256 << 20
 
 
 def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
-    from service.engine.vllm_engine import VllmTranscriptionEngine
 
     engine_settings = settings.engine
     if settings.uses_embedded_checkpoint:
@@ -254,7 +255,6 @@ def create_app(
     settings = settings or GatewaySettings()
     factory = engine_factory or vllm_engine_factory
     if on_ready is None and engine_factory is None:
-        from service.gate import open_gate_from_records, record_store_for
 
         # The records' sealing key is checked now (RecordKeyError): an empty, short or readable key
         # refuses the start instead of surfacing at the first qualification.
@@ -289,7 +289,11 @@ def create_app(
     # Handlers are built once here, with their collaborators, and read from app.state by the routes.
     app.state.transcription = build_serving(state, build_pipeline(state))
     install_error_handlers(app)
-    app.add_middleware(UploadLimitMiddleware, max_bytes=settings.audio.max_upload_bytes)
+    app.add_middleware(
+        UploadLimitMiddleware,
+        max_upload_bytes=settings.audio.max_upload_bytes,
+        max_body_bytes=settings.server.max_body_bytes,
+    )
     access = settings.access
     admin_token = settings.server.admin_token
     app.add_middleware(
@@ -299,6 +303,14 @@ def create_app(
         extra_keys=(admin_token.get_secret_value().encode(),) if admin_token else (),
         protect_health=access.protect_health,
         protect_metrics=access.protect_metrics,
+    )
+    server = settings.server
+    # Outermost of the request-shaping middleware: its deadlines hold for every route.
+    app.add_middleware(
+        BodyDeadlineMiddleware,
+        total_timeout_s=server.body_timeout_s,
+        idle_timeout_s=server.body_idle_timeout_s,
+        min_rate_bytes_s=server.body_min_rate_bytes_s,
     )
     app.include_router(system.router)
     app.include_router(admin.router)

@@ -5,9 +5,19 @@ Why it is built this way:
   OGG, MP3, AIFF...) exactly and cheaply; PyAV (FFmpeg) is only the fallback
   for the containers libsndfile cannot read (m4a/mp4/webm/mkv...), so the
   large FFmpeg surface sees as little client data as possible.
-- Decoding is streamed: each block is down-mixed and resampled as it arrives,
-  so at most the 16 kHz chunks plus their concatenation (about two copies of
-  the result) are alive at once, whatever the source rate and channel count.
+- Decoding is streamed against the duration budget: each block is down-mixed
+  and resampled as it arrives, and a block whose output would pass
+  `max_duration_s` is refused before it is converted or resampled. FFmpeg
+  hands out a whole packet as one frame (a single PCM block in a Matroska file
+  can hold hours of 1 kHz audio, i.e. gigabytes once at 16 kHz float32), so
+  frames are cut into slices of bounded size first. Memory therefore stays
+  proportional to the allowed duration, never to what a small file claims to
+  hold: the 16 kHz chunks plus their concatenation (two copies of the allowed
+  result), one slice, and one demuxed packet and its frame (packets over
+  `MAX_PACKET_BYTES` are refused before they are decoded).
+- The input is `bytes` or a seekable binary file object (the upload's spool
+  file): both libraries read file objects, so an upload is decoded without a
+  whole in-memory copy. The sha256 of the samples is computed as they are kept.
 - Everything a client can send ends as `GatewayError` (400 or 415): a library
   exception escaping from here would become a 500 for a bad upload.
 - The result is deterministic (same bytes, same samples, same `sha256`) so
@@ -20,6 +30,7 @@ import hashlib
 import io
 import math
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -45,6 +56,18 @@ SUPPORTED_CONTAINERS = (
 
 _SF_UNRECOGNISED = 1  # libsndfile's SF_ERR_UNRECOGNISED_FORMAT
 _BLOCK_FRAMES = 16_384  # libsndfile read size: 4 MiB at the 64-channel worst case.
+#: Most values (source samples x channels, or 16 kHz output samples) one slice of an
+#: FFmpeg frame may turn into: 4 MiB of float32 per step, whatever the frame holds.
+_SLICE_VALUES = 1 << 20
+#: Largest demuxed packet decoded. One compressed audio packet is at most a few hundred KB and a
+#: PCM block of a real recording far less than this; FFmpeg decodes a packet into one frame (up to
+#: 4x its size for ADPCM) before the duration budget can be checked, so a bigger one is refused.
+MAX_PACKET_BYTES = 16 << 20
+#: Bytes read from the start of the input to name containers and describe failures.
+_HEAD_BYTES = 64
+#: Output samples a block may be predicted to overshoot the budget by before it is
+#: refused unresampled (rounding of the rate ratio; the exact check follows).
+_BUDGET_SLACK = 2
 _SF_CONTAINERS = {"WAVEX": "wav", "RF64": "wav", "W64": "wav"}
 _SF_CODECS = {
     "MPEG_LAYER_I": "mp1",
@@ -54,6 +77,8 @@ _SF_CODECS = {
     "OPUS": "opus",
 }
 _INT_SCALE = {"u8": 128.0, "s16": 32768.0, "s32": 2147483648.0, "s64": 9223372036854775808.0}
+#: FFmpeg's packed sample formats as numpy types (FFmpeg stores native-endian samples).
+_SAMPLE_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32, "dbl": np.float64}
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,31 +108,37 @@ class _Source:
 
 
 def decode_audio(
-    data: bytes,
+    data: bytes | BinaryIO,
     *,
     filename: str | None = None,
     target_rate: int = TARGET_RATE,
     max_duration_s: float | None = None,
 ) -> DecodedAudio:
-    """Decode `data` to mono float32 at `target_rate`.
+    """Decode `data` (bytes, or a seekable binary file read from its start) to mono float32 at `target_rate`.
 
-    `filename` is only used to name the file in error messages: the content,
-    never the name, decides how it is decoded. `max_duration_s` (optional) stops
-    decoding with AUDIO_TOO_LONG as soon as the output passes it, as a guard
-    against small files that expand to huge audio; the duration policy itself
-    stays with the caller.
+    A file object (an upload's `SpooledTemporaryFile`) is read in place, never
+    copied whole into memory; it is left open, at an unspecified position.
+    Blocking: call it from a worker thread. `filename` is only used to name the
+    file in error messages: the content, never the name, decides how it is
+    decoded. `max_duration_s` (optional) stops decoding with AUDIO_TOO_LONG
+    before the output passes it, as a guard against small files that expand to
+    huge audio; the duration policy itself stays with the caller.
     """
     if target_rate <= 0:
         raise ValueError(f"target_rate must be positive, got {target_rate}")
     label = _label(filename)
-    if not data:
+    stream = _as_stream(data)
+    head = stream.read(_HEAD_BYTES)
+    if not head:
         raise GatewayError(ErrorCode.EMPTY_FILE, f"{label} is empty (0 bytes).", param="file")
     max_samples = None if max_duration_s is None else math.ceil(max_duration_s * target_rate)
     sink = _Sink(target_rate, max_samples, label)
     try:
-        source = _decode_with_soundfile(data, sink, label)
+        stream.seek(0)
+        source = _decode_with_soundfile(stream, sink, label)
         if isinstance(source, str):
-            source = _decode_with_pyav(data, sink, label, source)
+            stream.seek(0)
+            source = _decode_with_pyav(stream, head, sink, label, source)
         samples = sink.finish()
     except GatewayError:
         raise
@@ -120,7 +151,7 @@ def decode_audio(
         samples=samples,
         sample_rate=target_rate,
         duration_s=samples.size / target_rate,
-        sha256=hashlib.sha256(memoryview(samples.astype("<f4", copy=False))).hexdigest(),
+        sha256=sink.sha256,
         container=source.container,
         codec=source.codec,
         source_sample_rate=source.rate,
@@ -136,24 +167,56 @@ class _Sink:
         self._max = max_samples
         self._label = label
         self._chunks: list[NDArray[np.float32]] = []
+        self._hash = hashlib.sha256()
         self._rate: int | None = None
         self._resampler: soxr.ResampleStream | None = None
         self._produced = 0
+        self._received_at_rate = 0  # input samples since the last rate change
+        self._produced_before_rate = 0  # output samples kept before it
         self.received = 0
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the little-endian float32 samples kept so far (all of them after `finish`)."""
+        return self._hash.hexdigest()
+
+    def slice_frames(self, rate: int, channels: int) -> int:
+        """Source frames per step so that neither the input slice nor its resampled output passes `_SLICE_VALUES`."""
+        by_input = _SLICE_VALUES // max(channels, 1)
+        by_output = _SLICE_VALUES * rate // self._target
+        return max(1, min(by_input, by_output))
+
+    def check_budget(self, frames: int, rate: int) -> None:
+        """Refuse, before any conversion or resampling, a block that would pass the duration budget.
+
+        The output of a rate run is its input times target/rate (the resampler
+        only delays it), so the total after this block is known in advance.
+        """
+        if self._max is None:
+            return
+        before = self._produced_before_rate if rate == self._rate else self._produced
+        received = self._received_at_rate if rate == self._rate else 0
+        expected = before + (received + frames) * self._target // rate
+        if expected > self._max + _BUDGET_SLACK:
+            raise self._too_long()
 
     def add(self, mono: NDArray[np.float32], rate: int) -> None:
         """Check, resample and keep one chunk; a rate change restarts the resampler."""
         if mono.size == 0:
             return
+        self.check_budget(mono.size, rate)
         if not np.isfinite(mono).all():
             raise _invalid(f"{self._label} contains invalid sample values (NaN or infinity).")
         if rate != self._rate:
             self._flush()
             self._rate = rate
             self._resampler = None
+            self._received_at_rate = 0
+            self._produced_before_rate = self._produced
             if rate != self._target:
                 self._resampler = soxr.ResampleStream(rate, self._target, 1, dtype="float32", quality="HQ")
         self.received += mono.size
+        self._received_at_rate += mono.size
         chunk = np.ascontiguousarray(mono, dtype=np.float32)
         self._keep(chunk if self._resampler is None else self._resampler.resample_chunk(chunk))
 
@@ -175,19 +238,34 @@ class _Sink:
         if chunk.size == 0:
             return
         self._chunks.append(chunk)
+        self._hash.update(chunk.astype("<f4", copy=False).data)
         self._produced += chunk.size
         if self._max is not None and self._produced > self._max:
-            raise GatewayError(
-                ErrorCode.AUDIO_TOO_LONG,
-                f"{self._label} is longer than the limit of {self._max / self._target:g} seconds.",
-                param="file",
-            )
+            raise self._too_long()
+
+    def _too_long(self) -> GatewayError:
+        assert self._max is not None
+        return GatewayError(
+            ErrorCode.AUDIO_TOO_LONG,
+            f"{self._label} is longer than the limit of {self._max / self._target:g} seconds.",
+            param="file",
+        )
 
 
-def _decode_with_soundfile(data: bytes, sink: _Sink, label: str) -> _Source | str:
+def _as_stream(data: bytes | BinaryIO) -> BinaryIO:
+    """A seekable binary stream over `data`, at its start; bytes are wrapped, never copied."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return io.BytesIO(data)
+    if not data.seekable():
+        raise ValueError("decode_audio needs bytes or a seekable binary file object")
+    data.seek(0)
+    return data
+
+
+def _decode_with_soundfile(file: BinaryIO, sink: _Sink, label: str) -> _Source | str:
     """Decode with libsndfile; when it cannot open the data, say why (PyAV goes next)."""
     try:
-        handle = sf.SoundFile(io.BytesIO(data))
+        handle = sf.SoundFile(file)
     except Exception as exc:  # not recognised, or a header it rejects
         return "" if getattr(exc, "code", None) == _SF_UNRECOGNISED else _reason(exc)
     with handle:
@@ -212,22 +290,22 @@ def _decode_with_soundfile(data: bytes, sink: _Sink, label: str) -> _Source | st
     return source
 
 
-def _decode_with_pyav(data: bytes, sink: _Sink, label: str, sf_reason: str) -> _Source:
+def _decode_with_pyav(file: BinaryIO, head: bytes, sink: _Sink, label: str, sf_reason: str) -> _Source:
     """Decode the first audio stream of an allow-listed container with FFmpeg."""
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="replace")
+        container = av.open(file, mode="r", metadata_errors="replace")
     except Exception as exc:
-        if data[4:8] == b"ftyp":
+        if head[4:8] == b"ftyp":
             found = "an MP4/M4A/MOV file FFmpeg cannot read (often an upload cut short before its index)"
         else:
             found = f"a damaged header ({sf_reason})" if sf_reason else "no known audio format"
         raise _invalid(
             f"{label} is not audio or could not be decoded: found {found}; "
-            f"it starts with bytes {data[:8].hex(' ')}."
+            f"it starts with bytes {head[:8].hex(' ')}."
         ) from exc
     with container:
         demuxer = container.format.name
-        name = _container_name(demuxer, container.metadata, data)
+        name = _container_name(demuxer, container.metadata, head)
         if not container.streams.audio:
             found = ", ".join(f"{s.type} ({_codec_name(s)})" for s in container.streams) or "no streams"
             raise _invalid(f"{label} contains no audio stream (container '{name}' holds: {found}).")
@@ -250,9 +328,19 @@ def _decode_with_pyav(data: bytes, sink: _Sink, label: str, sf_reason: str) -> _
         _check_header(source.rate, source.channels, label, name)
         try:
             for packet in container.demux(stream):
+                if packet.size > MAX_PACKET_BYTES:
+                    raise _invalid(
+                        f"{label} ({name}) holds an audio packet of {packet.size} bytes; "
+                        f"at most {MAX_PACKET_BYTES} are accepted in one packet."
+                    )
                 for frame in packet.decode():
-                    _check_header(frame.sample_rate, frame.layout.nb_channels, label, name)
-                    sink.add(_frame_to_mono(frame), frame.sample_rate)
+                    rate, channels = frame.sample_rate, frame.layout.nb_channels
+                    _check_header(rate, channels, label, name)
+                    # One frame may hold a whole packet: refuse or cut it before converting any of it.
+                    sink.check_budget(frame.samples, rate)
+                    planes, step = _frame_planes(frame), sink.slice_frames(rate, channels)
+                    for start in range(0, frame.samples, step):
+                        sink.add(_planes_to_mono(_slice_planes(planes, start, start + step), frame.format), rate)
         except GatewayError:
             raise
         except Exception as exc:
@@ -263,12 +351,27 @@ def _decode_with_pyav(data: bytes, sink: _Sink, label: str, sf_reason: str) -> _
     return source
 
 
-def _frame_to_mono(frame: av.AudioFrame) -> NDArray[np.float32]:
-    """Any FFmpeg sample format to float32 in [-1, 1), channels averaged."""
-    fmt = frame.format
-    raw = frame.to_ndarray()
+def _frame_planes(frame: av.AudioFrame) -> list[NDArray[np.generic]]:
+    """Views of the frame's own buffers, no copy (PyAV's `to_ndarray` copies the whole frame).
+
+    Packed audio is one (samples, channels) array, planar audio one (samples, 1)
+    array per channel; `_slice_planes` turns either into (channels, n).
+    """
+    dtype = np.dtype(_SAMPLE_DTYPES[frame.format.packed.name])
     channels = max(frame.layout.nb_channels, 1)
-    planes = raw if fmt.is_planar else raw.reshape(-1, channels).T  # (channels, samples)
+    if frame.format.is_planar:
+        return [np.frombuffer(plane, dtype, count=frame.samples).reshape(-1, 1) for plane in frame.planes[:channels]]
+    return [np.frombuffer(frame.planes[0], dtype, count=frame.samples * channels).reshape(-1, channels)]
+
+
+def _slice_planes(planes: list[NDArray[np.generic]], start: int, stop: int) -> NDArray[np.generic]:
+    """Samples `start:stop` as (channels, n): a view for packed or mono audio, a copy of the slice otherwise."""
+    parts = [plane[start:stop] for plane in planes]
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)).T
+
+
+def _planes_to_mono(planes: NDArray[np.generic], fmt: av.AudioFormat) -> NDArray[np.float32]:
+    """(channels, samples) in any FFmpeg sample format to float32 in [-1, 1), channels averaged."""
     base = fmt.packed.name
     if base in _INT_SCALE:
         floats = planes.astype(np.float32)
@@ -284,8 +387,10 @@ def _frame_to_mono(frame: av.AudioFrame) -> NDArray[np.float32]:
 def _average_channels(planes: NDArray[np.float32]) -> NDArray[np.float32]:
     """Down-mix (channels, samples) by averaging; float64 sums so loud input cannot overflow."""
     if planes.shape[0] == 1:
-        return planes[0]
-    return planes.mean(axis=0, dtype=np.float64).astype(np.float32)
+        mono: NDArray[np.float32] = planes[0]
+        return mono
+    mixed: NDArray[np.float32] = planes.mean(axis=0, dtype=np.float64).astype(np.float32)
+    return mixed
 
 
 def _check_header(rate: int, channels: int, label: str, container: str) -> None:
@@ -299,7 +404,7 @@ def _check_header(rate: int, channels: int, label: str, container: str) -> None:
         raise _invalid(f"{label} ({container}) declares {channels} channels; expected 1 to {MAX_CHANNELS}.")
 
 
-def _container_name(demuxer: str, metadata: dict[str, str], data: bytes) -> str:
+def _container_name(demuxer: str, metadata: dict[str, str], head: bytes) -> str:
     """A short name for the container, from the content (brand, EBML doctype)."""
     names = demuxer.split(",")
     if "mov" in names:
@@ -308,7 +413,7 @@ def _container_name(demuxer: str, metadata: dict[str, str], data: bytes) -> str:
             return "m4a"
         return "mov" if brand == "qt" else "3gp" if brand.startswith("3g") else "mp4"
     if "matroska" in names:
-        return "webm" if b"webm" in data[:64] else "mkv"
+        return "webm" if b"webm" in head[:_HEAD_BYTES] else "mkv"
     return names[0]
 
 

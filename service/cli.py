@@ -11,19 +11,23 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from fastapi import FastAPI
-
 from service import transcribe_cli
+from service.api.admin import record_summary
+from service.app import admission_controller, create_app, model_name, vllm_engine_factory
+from service.checkpoint import ensure_tiny_checkpoint
 from service.evaluation.arguments import add_evaluate_arguments
 from service.evaluation.command import evaluate_command
+from service.gate import resolve_backend_identity, run_qualification
+from service.ledger import JsonLinesLedger
+from service.metrics import GatewayMetrics
+from service.server import run_server
 from service.settings import GatewaySettings
+from service.state import EngineStatus, GatewayState
 
 
 def _settings(args: argparse.Namespace) -> GatewaySettings:
@@ -53,65 +57,12 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-#: uvicorn's exit status when the app failed to start (its lifespan start-up raised).
-STARTUP_FAILURE = 3
-
-
 def serve(args: argparse.Namespace) -> int:
-    from service.app import create_app
 
     settings = _settings(args)
     _logging(settings.server.log_level)
+    # Header size and deadline, keep-alive, connection limit, signals: see service/server.py.
     return run_server(create_app(settings), settings)
-
-
-def run_server(app: FastAPI, settings: GatewaySettings) -> int:
-    """Serve `app` until SIGTERM or SIGINT, then stop in order and return 0 (3 when the start-up failed).
-
-    uvicorn catches the signal, stops accepting, drains open requests for
-    `lifecycle.drain_timeout_s`, and runs the lifespan's shutdown (engine, then
-    ledger). Two things are added around it:
-
-    - the gateway learns of the signal at once, not after the drain, so that an
-      engine core that got the same signal (a process-group or cgroup kill:
-      Ctrl-C, systemd) is seen stopping, not dying, and is not restarted;
-    - after an orderly stop uvicorn raises the signal again with the previous
-      handler, which by default kills the process with the signal's status; the
-      handler installed here makes that a clean exit 0 instead. A signal that
-      arrives before uvicorn took over still stops the process at once.
-    """
-    import uvicorn
-
-    state = app.state.gateway
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.server.host,
-            port=settings.server.port,
-            log_level=settings.server.log_level,
-            # uvicorn drains open requests this long after SIGTERM; the lifespan then aborts what is left.
-            timeout_graceful_shutdown=int(settings.lifecycle.drain_timeout_s),
-        )
-    )
-    uvicorn_handle_exit = server.handle_exit
-
-    def handle_exit(signum: int, frame: FrameType | None) -> None:
-        state.begin_shutdown()
-        uvicorn_handle_exit(signum, frame)
-
-    def after_orderly_stop(signum: int, frame: FrameType | None) -> None:
-        if not server.should_exit:  # uvicorn never took the signal: nothing was drained, stop now
-            raise SystemExit(128 + signum)
-
-    # uvicorn installs `server.handle_exit` for SIGINT and SIGTERM while it serves, then restores these.
-    server.handle_exit = handle_exit  # type: ignore[method-assign]
-    previous = {sig: signal.signal(sig, after_orderly_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0 if server.started else STARTUP_FAILURE
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -150,11 +101,6 @@ def qualify_remote(args: argparse.Namespace) -> int:
 
 
 async def _qualify_standalone(settings: GatewaySettings, clip: Path | None) -> int:
-    from service.app import admission_controller, model_name, vllm_engine_factory
-    from service.gate import resolve_backend_identity, run_qualification
-    from service.ledger import JsonLinesLedger
-    from service.metrics import GatewayMetrics
-    from service.state import EngineStatus, GatewayState
 
     metrics = GatewayMetrics()
     state = GatewayState(
@@ -172,9 +118,8 @@ async def _qualify_standalone(settings: GatewaySettings, clip: Path | None) -> i
         record = await run_qualification(state, clip=clip)
     finally:
         await engine.shutdown()
-    from service.api.admin import _summary
 
-    _print_summary(_summary(record))
+    _print_summary(record_summary(record))
     return 0 if state.gate.open else 1
 
 
@@ -189,7 +134,6 @@ def qualify(args: argparse.Namespace) -> int:
 
 
 def build_tiny(args: argparse.Namespace) -> int:
-    from service.checkpoint import ensure_tiny_checkpoint
 
     print(ensure_tiny_checkpoint(Path(args.cache_dir) if args.cache_dir else None))
     return 0

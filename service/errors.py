@@ -36,6 +36,7 @@ class ErrorCode(str, enum.Enum):
     ENCODER_BUDGET_EXCEEDED = "encoder_budget_exceeded"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     UPLOAD_TOO_LARGE = "upload_too_large"
+    BODY_TIMEOUT = "request_body_timeout"
     INVALID_RESPONSE_FORMAT = "invalid_response_format"
     STREAM_NOT_SUPPORTED = "stream_not_supported_for_format"
     INVALID_BUDGET = "invalid_max_completion_tokens"
@@ -74,6 +75,7 @@ ERROR_TABLE: dict[ErrorCode, ErrorSpec] = {
     ErrorCode.ENCODER_BUDGET_EXCEEDED: ErrorSpec(400, _INVALID),
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: ErrorSpec(400, _INVALID),
     ErrorCode.UPLOAD_TOO_LARGE: ErrorSpec(413, _INVALID),
+    ErrorCode.BODY_TIMEOUT: ErrorSpec(408, _INVALID),
     ErrorCode.INVALID_RESPONSE_FORMAT: ErrorSpec(400, _INVALID),
     ErrorCode.STREAM_NOT_SUPPORTED: ErrorSpec(400, _INVALID),
     ErrorCode.INVALID_BUDGET: ErrorSpec(400, _INVALID),
@@ -168,7 +170,12 @@ def _describe_validation_error(exc: RequestValidationError) -> tuple[str, str | 
 
 
 #: Errors raised as plain HTTP exceptions by the framework (routing, body limits).
-_HTTP_STATUS_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID_REQUEST, 413: ErrorCode.UPLOAD_TOO_LARGE}
+_HTTP_STATUS_CODES = {
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.INVALID_REQUEST,
+    408: ErrorCode.BODY_TIMEOUT,
+    413: ErrorCode.UPLOAD_TOO_LARGE,
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:

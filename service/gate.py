@@ -13,7 +13,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from qualification.clip import FROZEN_CLIP_PATH
 from qualification.records import RecordStore, fingerprint_of
+from qualification.runner import qualify
 from service.identity import resolve_identity
 from service.settings import GatewaySettings
 from service.state import GatewayState
@@ -84,8 +86,6 @@ def apply_records(state: GatewayState) -> bool:
 
 async def run_qualification(state: GatewayState, *, clip: Path | None = None) -> dict[str, Any]:
     """Qualify the serving engine now; one at a time per gateway."""
-    from qualification.clip import FROZEN_CLIP_PATH
-    from qualification.runner import qualify
 
     async with state.qualification_lock:
         engine = state.engine

@@ -47,7 +47,7 @@ DEFAULT_NEAR_TIE_LOGPROB_MARGIN = 1.15
 
 
 class ServerSettings(BaseModel):
-    """HTTP front."""
+    """HTTP front: what one client may hold of the server (see service/server.py and docs/operations.md)."""
 
     model_config = ConfigDict(hide_input_in_errors=True)  # never echo a refused admin token
 
@@ -61,6 +61,32 @@ class ServerSettings(BaseModel):
         ),
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        description=(
+            "Body cap of every route that takes no audio (audio routes: audio.max_upload_bytes); "
+            "enforced while the body streams in."
+        ),
+    )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, description="Request line plus headers; beyond it the connection gets 400 and is closed."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time for a request's line and headers to arrive, from connect or the last response."
+    )
+    keep_alive_timeout_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this long.")
+    body_timeout_s: float = Field(600.0, gt=0, description="Time for a whole request body to arrive; beyond it, 408.")
+    body_idle_timeout_s: float = Field(
+        30.0, gt=0, description="Longest silence while a request body arrives (also the grace before the rate check)."
+    )
+    body_min_rate_bytes_s: int = Field(
+        16 * 1024, ge=0, description="Slowest average body rate accepted once body_idle_timeout_s has passed (0: off)."
+    )
+    max_connections: int = Field(
+        512, gt=0, description="Open connections (and running requests) served at once; a request beyond them gets 503."
+    )
+    backlog: int = Field(2048, gt=0, description="Connections the kernel queues before they are accepted.")
 
     @field_validator("admin_token")
     @classmethod

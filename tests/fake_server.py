@@ -1,4 +1,4 @@
-"""A gateway on the fake engine in its own process, for shutdown tests.
+"""A gateway on the fake engine in its own process, for shutdown and HTTP-front tests.
 
     python tests/fake_server.py --port P --state-dir D [--token-delay S] [--drain S]
 """
@@ -15,7 +15,7 @@ from fake_engine import FakeEngine  # noqa: E402
 from helpers import open_gate  # noqa: E402
 
 from service.app import create_app  # noqa: E402
-from service.cli import run_server  # noqa: E402
+from service.server import run_server  # noqa: E402
 from service.settings import GatewaySettings  # noqa: E402
 
 
@@ -33,7 +33,8 @@ def main() -> int:
     )
     engine = FakeEngine(token_delay_s=args.token_delay)
     app = create_app(settings, engine_factory=lambda _: engine, on_ready=open_gate)
-    return run_server(app, settings)  # the gateway's own serve path: signals, drain, exit status
+    # The gateway's own serve path (limits from MOSS_GATEWAY_SERVER__*, signals, drain, exit status), on the test's port.
+    return run_server(app, settings, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ def synthesise(text: str, voice: str) -> np.ndarray:
     ramp = np.linspace(0.0, 1.0, fade)
     data[:fade] *= ramp
     data[-fade:] *= ramp[::-1]
-    return data * (SEGMENT_PEAK / float(np.max(np.abs(data))))
+    scaled: np.ndarray = data * (SEGMENT_PEAK / float(np.max(np.abs(data))))
+    return scaled
 
 
 def build() -> tuple[np.ndarray, list[Placed]]:

@@ -10,16 +10,18 @@ import asyncio
 import json
 import logging
 import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
-from fastapi import APIRouter, Depends, File, Request, UploadFile
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from service.access import bearer_token, key_matches
 from service.errors import ErrorCode, GatewayError
 from service.evidence import evidence_bundle_path
+from service.forms import ADMIN_CLIP_FORM
 from service.gate import record_store, run_qualification
 from service.state import GatewayState
 
@@ -63,7 +65,7 @@ def qualification_status(state: GatewayState) -> dict[str, Any]:
     }
 
 
-def _summary(record: dict[str, Any]) -> dict[str, Any]:
+def record_summary(record: dict[str, Any]) -> dict[str, Any]:
     verdict = record["verdict"]
     return {
         "qualification_id": record["qualification_id"],
@@ -84,33 +86,101 @@ def _summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@router.post("/admin/qualify", status_code=202)
-async def start_qualification(
-    request: Request, _: Admin, clip: Annotated[UploadFile | None, File()] = None
-) -> JSONResponse:
-    """Start a qualification of the serving engine (optionally on an uploaded clip)."""
+#: Longest clip file name kept (bytes of UTF-8; a typical file-system limit).
+MAX_CLIP_NAME_BYTES = 255
+_CLIP_FORM_SCHEMA = {
+    "requestBody": {
+        "required": False,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {"clip": {"type": "string", "format": "binary", "description": "Your own clip."}},
+                }
+            }
+        },
+    }
+}
+
+
+def clip_file_name(filename: str | None) -> str:
+    """The uploaded clip's file name, reduced to its last component; refuses what is not a plain name.
+
+    The name only labels the clip in the record and the temporary file, but a
+    name like `..` would otherwise address the temporary folder's parent.
+    """
+    name = (filename or "clip.wav").replace("\\", "/").rsplit("/", 1)[-1]
+    if name in ("", ".", "..") or not name.isprintable() or len(name.encode("utf-8", "replace")) > MAX_CLIP_NAME_BYTES:
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"The clip's file name must be a plain file name of at most {MAX_CLIP_NAME_BYTES} bytes.",
+            param="clip",
+        )
+    return name
+
+
+def _save_clip(source: BinaryIO, folder: Path, name: str) -> Path:
+    """Copy the spooled upload into `folder` in blocks (no whole copy in memory)."""
+    source.seek(0)
+    path = folder / name
+    with path.open("xb") as target:
+        shutil.copyfileobj(source, target)
+    return path
+
+
+async def _receive_clip(request: Request) -> tuple[Path, Path] | None:
+    """Parse the (authenticated) form within ADMIN_CLIP_FORM; the clip saved as (folder, path), or None without one."""
+    form = await ADMIN_CLIP_FORM.parse(request)
+    try:
+        clip = form.get("clip")
+        if clip is None:
+            return None
+        if isinstance(clip, str):
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "'clip' must be a file part, not a text field.", param="clip")
+        name = clip_file_name(clip.filename)
+        if not clip.size:
+            raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded clip is empty.", param="clip")
+        folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="moss-clip-"))
+        try:
+            return folder, await asyncio.to_thread(_save_clip, clip.file, folder, name)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
+    finally:
+        await form.close()
+
+
+@router.post("/admin/qualify", status_code=202, openapi_extra=_CLIP_FORM_SCHEMA)
+async def start_qualification(request: Request) -> JSONResponse:
+    """Start a qualification of the serving engine (optionally on an uploaded `clip`).
+
+    The route declares no body fields, so nothing of the body is read before
+    `require_admin` runs: an unauthenticated upload is refused from its headers.
+    """
+    require_admin(request)
     state = _state(request)
     state.require_engine()
+    received = await _receive_clip(request)
+    folder, clip_path = received if received is not None else (None, None)
+    # Checked after the (awaited) upload, with no await until the new task is registered:
+    # two uploads finishing together cannot both start a run.
     task = state.qualification_task
     if task is not None and not task.done():
+        if folder is not None:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
         return JSONResponse(qualification_status(state), status_code=409)
-    clip_path: Path | None = None
-    if clip is not None and not isinstance(clip, str):
-        data = await clip.read()
-        if not data:
-            raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded clip is empty.", param="clip")
-        folder = Path(tempfile.mkdtemp(prefix="moss-clip-"))
-        clip_path = folder / (Path(clip.filename or "clip.wav").name or "clip.wav")
-        clip_path.write_bytes(data)
 
     async def job() -> None:
         try:
             record = await run_qualification(state, clip=clip_path)
-            state.last_qualification = _summary(record)
+            state.last_qualification = record_summary(record)
         except Exception as exc:
             logger.exception("qualification failed")
             state.gate.progress = f"failed: {type(exc).__name__}: {exc}"
             state.last_qualification = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            if folder is not None:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     state.last_qualification = None
     state.gate.progress = "starting"

@@ -28,6 +28,11 @@ from typing import Any
 
 _VAD_FIELDS = frozenset({"type", "prefix_padding_ms", "silence_duration_ms", "threshold"})
 _MAX_MS = 10_000  # pauses or paddings beyond 10 s are not what a cut needs
+#: Longest `chunking_strategy` text accepted: a full server_vad object is under 150 characters.
+MAX_STRATEGY_CHARS = 1024
+#: Deepest JSON nesting accepted: the server_vad object holds only a string and numbers. Checked
+#: before `json.loads`, whose recursion a deeply nested text would exhaust (RecursionError, a 500).
+MAX_STRATEGY_DEPTH = 2
 
 
 @dataclass(frozen=True)
@@ -81,11 +86,14 @@ def from_request(strategy: str | dict[str, Any] | None, *, defaults: ChunkingPol
     if strategy is None:
         return None
     if isinstance(strategy, str):
+        if len(strategy) > MAX_STRATEGY_CHARS:
+            raise ValueError(f"chunking_strategy is {len(strategy)} characters long; at most {MAX_STRATEGY_CHARS}")
         text = strategy.strip()
         if text == "auto":
             return defaults
         if not text.startswith("{"):
             raise ValueError(f"chunking_strategy must be 'auto' or a server_vad object, got {strategy!r}")
+        _check_nesting(text)
         try:
             strategy = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -112,6 +120,28 @@ def from_request(strategy: str | dict[str, Any] | None, *, defaults: ChunkingPol
         return replace(defaults, **changes)
     except ValueError as exc:
         raise ValueError(f"chunking_strategy: {exc}") from None
+
+
+def _check_nesting(text: str) -> None:
+    """Refuse JSON text nested deeper than MAX_STRATEGY_DEPTH, without parsing it (brackets in strings do not count)."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+            if depth > MAX_STRATEGY_DEPTH:
+                raise ValueError(f"chunking_strategy is nested deeper than {MAX_STRATEGY_DEPTH} levels")
+        elif char in "}]":
+            depth -= 1
 
 
 def _ms(value: Any, name: str, *, minimum: int) -> int:

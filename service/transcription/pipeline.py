@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import BinaryIO
 
 from service.audio import DecodedAudio, decode_audio
 from service.budget import TokenBudget
@@ -60,13 +61,13 @@ class TranscriptionPipeline:
         self.recovery = recovery
 
     # -- preparing ------------------------------------------------------------
-    async def prepare(self, params: TranscriptionParams, upload: bytes, filename: str | None) -> TranscriptionJob:
-        """Decode, check and plan: the job is complete (track, cuts, budgets) or refused here."""
+    async def prepare(
+        self, params: TranscriptionParams, upload: bytes | BinaryIO, filename: str | None
+    ) -> TranscriptionJob:
+        """Decode (an empty upload is refused there), check and plan: the job is complete or refused here."""
         started = time.monotonic()
         engine = self.state.require_engine()
         self.state.require_qualified()
-        if not upload:
-            raise GatewayError(ErrorCode.EMPTY_FILE, "The uploaded file is empty (0 bytes).", param="file")
         native_only = params.track.mode == "native"
         limit = self.state.settings.max_duration_s if native_only else self.state.settings.chunked_max_duration_s
         try:

@@ -136,3 +136,17 @@ def test_chunked_stream_sends_settled_segments_and_progress_in_audio_time(fake_c
 def client_final_segments(client) -> list[dict]:
     body = transcribe(client, speech_with_pauses(), chunking_strategy=SERVER_VAD, response_format="diarized_json").json()
     return [{k: s[k] for k in ("id", "start", "end", "speaker", "text")} for s in body["segments"]]
+
+
+def test_nested_or_oversized_chunking_strategy_is_400(fake_client: AppFactory) -> None:
+    """Issue 12: a chunking_strategy nested 50,000 deep was a RecursionError and a 500."""
+    client, engine = fake_client(longform=LONGFORM)
+    deep = '{"type": "server_vad", "threshold": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    nested = '{"type": "server_vad", "threshold": ' + "[" * 500 + "]" * 500 + "}"
+    too_big = transcribe(client, speech_with_pauses(2.0), chunking_strategy=deep)  # over the form's text-part bound
+    assert too_big.status_code == 400 and too_big.json()["error"]["code"] == "invalid_request", too_big.text[:300]
+    response = transcribe(client, speech_with_pauses(2.0), chunking_strategy=nested)  # small, but nested too deep
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "chunking_strategy")
+    assert engine.requests == []

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from service.audio import DecodedAudio, decode_audio
+from service.audio import DecodedAudio, _frame_planes, _planes_to_mono, _slice_planes, decode_audio
 from service.errors import ErrorCode, GatewayError
 
 TONE_HZ = 440.0
@@ -295,7 +295,7 @@ def test_library_exceptions_become_invalid_audio(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(sf.SoundFile, "read", explode)
     refused(with_soundfile("WAV", "PCM_16", 16_000), ErrorCode.INVALID_AUDIO)
-    monkeypatch.setattr("service.audio._frame_to_mono", explode)
+    monkeypatch.setattr("service.audio._planes_to_mono", explode)
     refused(with_pyav("ipod", "aac"), ErrorCode.INVALID_AUDIO)
     monkeypatch.setattr("service.audio._container_name", explode)
     refused(with_pyav("webm", "libopus", rate=48_000), ErrorCode.INVALID_AUDIO)
@@ -320,7 +320,7 @@ def test_decode_error_midway_keeps_the_audio_before_it(monkeypatch: pytest.Monke
 
     _fail_after(monkeypatch, sf.SoundFile, "read", 1)  # one 16384-frame block, then an error
     assert decode_audio(with_soundfile("WAV", "PCM_16", 16_000, seconds=3.0)).samples.size == 16_384
-    _fail_after(monkeypatch, service.audio, "_frame_to_mono", 10)  # ten 20 ms Opus frames, less pre-skip
+    _fail_after(monkeypatch, service.audio, "_planes_to_mono", 10)  # ten 20 ms Opus frames, less pre-skip
     assert 2_800 <= decode_audio(with_pyav("webm", "libopus", rate=48_000)).samples.size <= 3_200
 
 
@@ -339,13 +339,13 @@ def test_decode_error_midway_keeps_the_audio_before_it(monkeypatch: pytest.Monke
 def test_every_ffmpeg_sample_format_becomes_float_mono(
     fmt: str, values: list[list[float]], expected: list[float]
 ) -> None:
-    from service.audio import _frame_to_mono
 
     dtype = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "flt": np.float32}[fmt.rstrip("p")]
     planar = fmt.endswith("p")
     layout = "stereo" if planar and len(values) == 2 or len(values[0]) == 6 else "mono"
     frame = av.AudioFrame.from_ndarray(np.array(values, dtype=dtype), format=fmt, layout=layout)
-    np.testing.assert_allclose(_frame_to_mono(frame), expected, atol=1e-6)
+    mono = _planes_to_mono(_slice_planes(_frame_planes(frame), 0, frame.samples), frame.format)
+    np.testing.assert_allclose(mono, expected, atol=1e-6)
 
 
 def test_corrupted_files_only_ever_raise_gateway_errors() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from fake_engine import FakeEngine
-from helpers import AppFactory
+from helpers import AppFactory, ledger_lines
 
 from service.engine.protocol import GenerationRequest
 
@@ -168,7 +168,7 @@ def test_recovery_covers_the_tail_and_reports_itself(fake_client: AppFactory, tm
     assert response.headers["x-moss-native-truncated"] == "true"
     assert response.headers["x-moss-recovery-passes"] == "1"
     assert [round(len(r.audio) / RATE, 1) for r in engine.requests] == [20.0, 13.0]
-    line = json.loads((tmp_path / "state/ledger/requests.jsonl").read_text().splitlines()[-1])
+    line = ledger_lines(client)[-1]
     assert line["track"] == "native+recovery" and line["recovery"]["passes"][0]["cut_s"] == 7.0
     metrics = client.get("/metrics").text
     assert 'moss_gateway_stops_total{stop="eos",track="native+recovery"} 1.0' in metrics

@@ -187,9 +187,6 @@ def check_instruction(prompt: str | None, hotwords: list[str]) -> None:
         )
 
 
-#: Bounds on the multipart form, applied while it is read.
-MAX_FORM_FIELDS = 64
-MAX_FIELD_BYTES = 64 * 1024
 INCLUDABLE = ("logprobs",)
 
 

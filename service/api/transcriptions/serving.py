@@ -20,8 +20,6 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from service.api.admin import require_admin
 from service.api.transcriptions.protocol import (
-    MAX_FIELD_BYTES,
-    MAX_FORM_FIELDS,
     parse_form,
     upload_field,
     wants_admin,
@@ -35,6 +33,7 @@ from service.api.transcriptions.renderers import (
     stream_headers,
 )
 from service.errors import ErrorCode, GatewayError
+from service.forms import TRANSCRIPTION_FORM
 from service.longform import ChunkingPolicy
 from service.state import GatewayState
 from service.transcription.job import DoneEvent, Outcome, TranscriptionJob
@@ -87,7 +86,7 @@ class TranscriptionServing:
         await state.admission.acquire()
         release: Callable[[], None] | None = state.admission.release
         try:
-            async with request.form(max_files=2, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES) as form:
+            async with TRANSCRIPTION_FORM.form(request) as form:
                 if wants_admin(form):
                     require_admin(request)
                 params = parse_form(
@@ -95,7 +94,8 @@ class TranscriptionServing:
                 )
                 upload = upload_field(form)
                 self._check_model(params)
-                job = await self.pipeline.prepare(params, await upload.read(), upload.filename)
+                # Decoded from the spooled upload itself: no second copy of the file in memory.
+                job = await self.pipeline.prepare(params, upload.file, upload.filename)
             if params.stream:
                 stream = self._stream(job, on_close=state.admission.release)
                 release = None  # the stream frees the slot when it ends

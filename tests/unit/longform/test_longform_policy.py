@@ -85,3 +85,29 @@ def test_policy_refuses_inconsistent_values(changes: dict[str, Any], field: str)
 def test_policy_as_dict_round_trips() -> None:
     policy = ChunkingPolicy(threshold_db=-50.0, activation=0.3)
     assert ChunkingPolicy(**policy.as_dict()) == policy
+
+
+DEEP = '{"type": "server_vad", "threshold": ' + "[" * 50_000 + "]" * 50_000 + "}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (DEEP, "characters long"),  # issue 12: 50,000 deep raised RecursionError inside json.loads
+        ('{"type": "server_vad", "threshold": ' + "[" * 400 + "]" * 400 + "}", "nested deeper"),
+        ('{"type": "server_vad", "x": [[1]]}', "nested deeper"),
+        ('{"type": "server_vad", "threshold": 0.5' + " " * 2000 + "}", "characters long"),
+        ("auto" + " " * 2000, "characters long"),
+    ],
+)
+def test_oversized_or_deeply_nested_json_is_a_value_error(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        from_request(text, defaults=DEFAULTS)
+
+
+def test_brackets_inside_json_strings_are_not_nesting() -> None:
+    """Only structure counts: a quoted bracket (or an escaped quote before it) is text."""
+    with pytest.raises(ValueError, match="chunking_strategy.type must be"):
+        from_request('{"type": "[[[[\\"[[[[", "threshold": 0.5}', defaults=DEFAULTS)
+    policy = from_request('{"type": "server_vad", "threshold": 0.25}', defaults=DEFAULTS)
+    assert policy is not None and policy.activation == 0.25
