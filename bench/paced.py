@@ -56,6 +56,12 @@ class PacedEngine:
     def token_text(self, token_id: int) -> str:
         return f"Ġw{token_id}"
 
+    def token_bytes(self, token_ids: Any) -> list[bytes]:
+        return [self.token_text(int(token)).encode() for token in token_ids]
+
+    async def attention_backends(self) -> list[str]:
+        return ["PACED"]
+
     def num_running_requests(self) -> int:
         return self._running
 

@@ -37,9 +37,7 @@ async def resolve_backend_identity(state: GatewayState) -> None:
     engine = state.engine
     assert engine is not None
     description = dict(engine.describe())
-    backends = getattr(engine, "attention_backends", None)
-    if backends is not None:
-        description["attention_backends"] = await backends()
+    description["attention_backends"] = await engine.attention_backends()
     model_dir = Path(engine.model_dir)
     identity = await asyncio.to_thread(
         resolve_identity, engine_description=description, model_dir=model_dir, revision=state.settings.engine.revision
@@ -104,7 +102,7 @@ async def run_qualification(state: GatewayState, *, clip: Path | None = None) ->
             state_dir=state.settings.state_dir,
             settings=state.settings.qualification,
             clip_path=clip or FROZEN_CLIP_PATH,
-            engine_load_s=getattr(engine, "load_time_s", None),
+            engine_load_s=engine.load_time_s,
             progress=progress,
         )
         apply_records(state)
