@@ -243,7 +243,7 @@ def test_page_transcribes_the_frozen_clip(
     assert driver.save_screenshot(str(shots / "page-error.png"))
 
 
-PAGE_KEY = "page-test-key"
+PAGE_KEY = "page-test-key-0123456789"
 
 #: The stream the gateway is moving to, cut mid-line; the page waits at "HOLD" until the test releases it.
 CONTRACT_CHUNKS = [
