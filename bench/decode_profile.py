@@ -156,6 +156,20 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _NOT_PER_LAYER = re.compile(r"combine|reduce|merge|prepare|metadata|scheduler", re.I)
 
 
+def _outer_name(name: str, depth: int = 2) -> str:
+    """The kernel's name without deep template arguments: FA3's main kernel carries a `TileScheduler`
+    deep in its template, which must not make it look like a per-step helper kernel."""
+    kept, level = [], 0
+    for char in name:
+        if char == "<":
+            level += 1
+        if level <= depth:
+            kept.append(char)
+        if char == ">":
+            level = max(0, level - 1)
+    return "".join(kept)
+
+
 def classify_kernel(name: str) -> str:
     for label, pattern in KERNEL_CLASSES:
         if pattern.search(name):
@@ -231,7 +245,7 @@ def summarize_trace(
         entry = by_name.setdefault(name, [0.0, 0.0])
         entry[0] += 1
         entry[1] += end - start
-        if label == "attention" and not _NOT_PER_LAYER.search(name):
+        if label == "attention" and not _NOT_PER_LAYER.search(_outer_name(name)):
             attention_main += 1
     gpu_intervals = [(s, e) for s, e, _ in kernels] + memcpy
     window_start = min(s for s, _ in gpu_intervals)

@@ -305,3 +305,18 @@ def test_gateway_settings_carry_the_choice_and_a_valid_chunk_policy(tmp_path, ch
     if max_duration_s:
         assert settings.engine.max_num_batched_tokens == 40960 and settings.max_duration_s == 3000.0
         assert settings.longform.max_concurrent_chunks >= math.ceil(pg.PROGRAM_DURATION_S / chunking["target_s"])
+
+
+def test_fa3_main_kernel_counts_once_per_layer_despite_its_tile_scheduler() -> None:
+    """The H200 run of 2026-11-30 printed "1 decode steps" for 100: FA3's name holds `TileScheduler`."""
+    main = "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2>, flash::StaticPersistentTileScheduler<8>>>>(x)"
+    combine = "void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>>>>(x)"
+    layers, steps = 4, 3
+    events = []
+    t = 0
+    for _ in range(steps * layers):
+        for name in (main, combine):
+            events.append({"ph": "X", "cat": "kernel", "ts": t, "dur": 2, "name": name})
+            t += 3
+    summary = dp.summarize_trace({"traceEvents": events}, num_layers=layers)
+    assert summary["steps"] == steps
