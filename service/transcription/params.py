@@ -65,7 +65,3 @@ class TranscriptionParams:
     tail_recovery: bool = False
     ignore_eos: bool = False  # admin-only: forces the full budget (benchmarks, tests)
     capture_evidence: bool = False  # admin-only: keep the full evidence bundle of this request
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.include_logprobs or self.response_format.needs_segment_stats
