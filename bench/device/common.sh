@@ -16,3 +16,24 @@ STATE=/tmp/bench-state
 ENGINE_ARGS=(--model "$CKPT" --max-model-len 131072 --max-num-batched-tokens 40960 --max-num-seqs 64
              --max-duration-s 3000 --gpu-memory-utilization 0.85 --state-dir "$STATE")
 mkdir -p "$OUT" /tmp/site /tmp/bundle
+
+# The full-size random-weight checkpoint, built once per machine; its build record goes back with $OUT.
+build_checkpoint() {
+  if [ ! -f "$CKPT/model.safetensors" ]; then
+    python3 -m bench checkpoint --out "$CKPT" --device cuda
+  fi
+  cp "$CKPT/bench_checkpoint_build.json" "$OUT/" 2>/dev/null || true
+}
+
+# Join the two halves of the bundle (part 0 kept by call a, part 1 carried by this call), check and unpack
+# them into /tmp/site; nothing to do when an earlier call on this machine already unpacked it.
+unpack_bundle() {
+  if [ -d /tmp/site/vllm ]; then return; fi
+  cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
+  cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
+  (cd /tmp/bundle && sha256sum -c SHA256SUMS)
+  if command -v xz >/dev/null; then xz -dc -T0 /tmp/bundle/site_all.tar.xz | tar -xf - -C /tmp/site
+  else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi
+  rm -f /tmp/bundle/site_all.tar.xz*
+  echo "bundle unpacked at $((SECONDS - T0)) s"
+}

@@ -43,20 +43,11 @@ b)
     echo "bundle part 0 is not on this machine: call A ran on another one (or more than 30 s ago). Run call A again, then B at once." >&2
     exit 3
   fi
-  if [ ! -d /tmp/site/vllm ]; then
-    cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
-    cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
-    (cd /tmp/bundle && sha256sum -c SHA256SUMS)
-    if command -v xz >/dev/null; then xz -dc -T0 /tmp/bundle/site_all.tar.xz | tar -xf - -C /tmp/site
-    else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi
-    rm -f /tmp/bundle/site_all.tar.xz*
-  fi
-  echo "bundle unpacked at $((SECONDS - T0)) s"
+  unpack_bundle
   if ! python3 -c "import soundfile" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl || true
   fi
-  if [ ! -f "$CKPT/model.safetensors" ]; then python3 -m bench checkpoint --out "$CKPT" --device cuda; fi
-  cp "$CKPT/bench_checkpoint_build.json" "$OUT/" 2>/dev/null || true
+  build_checkpoint
   nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader || true
   LEFT=$((DEADLINE - (SECONDS - T0)))
   echo "bench.program starts at $((SECONDS - T0)) s with ${LEFT} s left"

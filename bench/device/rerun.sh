@@ -17,13 +17,6 @@ source bench/device/common.sh
 T0=$SECONDS
 DEADLINE=${DEADLINE_S:-560}
 
-build_checkpoint() {
-  if [ ! -f "$CKPT/model.safetensors" ]; then
-    python3 -m bench checkpoint --out "$CKPT" --device cuda
-  fi
-  cp "$CKPT/bench_checkpoint_build.json" "$OUT/" 2>/dev/null || true
-}
-
 case "${1:-}" in
 a)
   cp .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS /tmp/bundle/
@@ -35,13 +28,7 @@ a)
   echo "call A done in $((SECONDS - T0)) s"
   ;;
 b)
-  cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
-  cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
-  (cd /tmp/bundle && sha256sum -c SHA256SUMS)
-  if command -v xz >/dev/null; then xz -dc -T0 /tmp/bundle/site_all.tar.xz | tar -xf - -C /tmp/site
-  else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi
-  rm -f /tmp/bundle/site_all.tar.xz*
-  echo "bundle unpacked at $((SECONDS - T0)) s"
+  unpack_bundle
   python3 -c "import vllm, fastapi, pydantic, uvicorn, av; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__, 'pydantic', pydantic.__version__)"
   if ! python3 -c "import soundfile" 2>/dev/null; then  # call A did not run on this machine
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl || true

@@ -41,24 +41,6 @@ PROTOCOL_ARGS=(--model "$CKPT" --max-model-len 131072 --max-num-batched-tokens 4
                --max-duration-s 3000 --gpu-memory-utilization "$MEM_FRACTION" --kv-cache-memory-bytes "$KV_BYTES"
                --state-dir "$STATE" --max-concurrent-requests 64 --no-qualify --allow-unqualified)
 
-build_checkpoint() {
-  if [ ! -f "$CKPT/model.safetensors" ]; then
-    python3 -m bench checkpoint --out "$CKPT" --device cuda
-  fi
-  cp "$CKPT/bench_checkpoint_build.json" "$OUT/" 2>/dev/null || true
-}
-
-unpack_bundle() {
-  if python3 -c "import vllm, fastapi" 2>/dev/null; then return; fi   # call b already unpacked it here
-  cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
-  cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
-  (cd /tmp/bundle && sha256sum -c SHA256SUMS)
-  if command -v xz >/dev/null; then xz -dc -T0 /tmp/bundle/site_all.tar.xz | tar -xf - -C /tmp/site
-  else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi
-  rm -f /tmp/bundle/site_all.tar.xz*
-  echo "bundle unpacked at $((SECONDS - T0)) s"
-}
-
 protocol() {  # $1: cells, $2: output file
   python3 -c "import vllm, fastapi, pydantic, uvicorn, av; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
   python3 -c "import cloudpickle, jmespath, supervisor, model_hosting_container_standards" \
