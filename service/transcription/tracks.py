@@ -10,6 +10,7 @@ failure; each chunk is one ordinary engine pass with its own stop evidence.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -139,20 +140,7 @@ class NativeTrack:
         yield DoneEvent(self._conclude(job, result))
 
     def _conclude(self, job: TranscriptionJob, result: PassResult) -> Outcome:
-        reasons = truncation_reasons(result.stop, result.coverage, margin_s=self.coverage_margin_s)
-        return Outcome(
-            job=job,
-            transcript=result.transcript,
-            stop=result.stop,
-            coverage=result.coverage,
-            truncation=tuple(reasons),
-            timings=result.final.timings or EngineTimings(submitted=job.started),
-            finished=time.monotonic(),
-            passes=(result,),
-            segment_stats=result.segment_stats,
-            token_logprobs=result.token_logprobs,
-            timestamp_anomalies=result.timestamp_anomalies,
-        )
+        return single_pass_outcome(job, result, coverage_margin_s=self.coverage_margin_s)
 
 
 class ChunkedTrack:
@@ -389,21 +377,9 @@ class RecoveryTrack:
 
     def _unrecovered(self, job: TranscriptionJob, native: PassResult) -> Outcome:
         """No speech left after the native pass: its answer, reported on this track."""
-        reasons = tuple(truncation_reasons(native.stop, native.coverage, margin_s=self.coverage_margin_s))
-        return Outcome(
-            job=job,
-            transcript=native.transcript,
-            stop=native.stop,
-            coverage=native.coverage,
-            truncation=reasons,
-            timings=native.final.timings or EngineTimings(submitted=job.started),
-            finished=time.monotonic(),
-            passes=(native,),
-            segment_stats=native.segment_stats,
-            token_logprobs=native.token_logprobs,
-            timestamp_anomalies=native.timestamp_anomalies,
-            recovery=RecoveryReport(reasons, native.coverage, (), "not_needed", {}, {}),
-        )
+        outcome = single_pass_outcome(job, native, coverage_margin_s=self.coverage_margin_s)
+        report = RecoveryReport(outcome.truncation, native.coverage, (), "not_needed", {}, {})
+        return dataclasses.replace(outcome, recovery=report)
 
 
 def native_labels(linked: LinkedSpeakers, native_speakers: Sequence[str]) -> dict[tuple[int, str], str]:
@@ -422,6 +398,23 @@ def native_labels(linked: LinkedSpeakers, native_speakers: Sequence[str]) -> dic
             following += 1
         labels[node] = fresh[label]
     return labels
+
+
+def single_pass_outcome(job: TranscriptionJob, result: PassResult, *, coverage_margin_s: float) -> Outcome:
+    """The answer of one engine pass over the whole audio (the native track's, and recovery's when no tail is left)."""
+    return Outcome(
+        job=job,
+        transcript=result.transcript,
+        stop=result.stop,
+        coverage=result.coverage,
+        truncation=tuple(truncation_reasons(result.stop, result.coverage, margin_s=coverage_margin_s)),
+        timings=result.final.timings or EngineTimings(submitted=job.started),
+        finished=time.monotonic(),
+        passes=(result,),
+        segment_stats=result.segment_stats,
+        token_logprobs=result.token_logprobs,
+        timestamp_anomalies=result.timestamp_anomalies,
+    )
 
 
 def settled_segments(results: Sequence[PassResult | None], plan: ChunkedPlan) -> tuple[Segment, ...]:

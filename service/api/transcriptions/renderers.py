@@ -148,15 +148,20 @@ def _verbose_segment(segment: Segment, stats: SegmentStats, temperature: float) 
     )
 
 
+def segment_fields(segment: Segment) -> dict[str, Any]:
+    """What OpenAI's diarized segment and its stream event share (the two types have the same fields)."""
+    return {
+        "type": "transcript.text.segment",
+        "id": segment_id(segment.id),
+        "start": segment.start,
+        "end": segment.end,
+        "text": segment.text,
+        "speaker": segment.speaker,
+    }
+
+
 def diarized_segment(segment: Segment) -> TranscriptionDiarizedSegment:
-    return TranscriptionDiarizedSegment(
-        type="transcript.text.segment",
-        id=segment_id(segment.id),
-        start=segment.start,
-        end=segment.end,
-        text=segment.text,
-        speaker=segment.speaker,
-    )
+    return TranscriptionDiarizedSegment(**segment_fields(segment))
 
 
 def render_event(event: PipelineEvent, backend: BackendTag, evidence: dict[str, Any] | None) -> dict[str, Any]:
@@ -169,15 +174,7 @@ def render_event(event: PipelineEvent, backend: BackendTag, evidence: dict[str, 
             logprobs=logprob_entries(event.logprobs),
         )
     elif isinstance(event, SegmentEvent):
-        segment = event.segment
-        model = TranscriptionTextSegmentEvent(
-            type="transcript.text.segment",
-            id=segment_id(segment.id),
-            start=segment.start,
-            end=segment.end,
-            text=segment.text,
-            speaker=segment.speaker,
-        )
+        model = TranscriptionTextSegmentEvent(**segment_fields(event.segment))
     elif isinstance(event, ProgressEvent):
         fraction = event.covered_s / event.duration_s if event.duration_s > 0 else 0.0
         return {
