@@ -31,6 +31,7 @@ cell (medians, per-repetition ratios, spread) is computed from those rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -197,8 +198,9 @@ class ThroughputBench(EngineBench):
                     stream_deltas=False,
                     want_logprobs=_logprobs(path),
                 )
-            elif path == "gateway":
-                with self.profiler:
+            else:  # gateway or vllm-serve: the same HTTP driver; only the gateway's loop is profiled
+                profiled = path == "gateway"
+                with self.profiler if profiled else contextlib.nullcontext():
                     wall, records = await self.gateway_block(
                         cell,
                         files,
@@ -208,17 +210,8 @@ class ThroughputBench(EngineBench):
                         f"r{repeat}",
                         target=self._target(path),
                     )
-                self.profiler.requests += len(records)
-            else:
-                wall, records = await self.gateway_block(
-                    cell,
-                    files,
-                    cell.concurrency,
-                    cell.requests_per_worker,
-                    cell.output_tokens,
-                    f"r{repeat}",
-                    target=self._target(path),
-                )
+                if profiled:
+                    self.profiler.requests += len(records)
             cpu_s: float | None = time.process_time() - cpu_started
             loop_cpu_s: float | None = time.thread_time() - loop_started
             generated = None
