@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,20 +22,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 from service.access import ApiKeyMiddleware
-from service.admission import AdmissionController
+from service.admission import AdmissionController, LocalSlots, SlotPool
 from service.api import admin, system, web
 from service.api.transcriptions import router as transcriptions
 from service.api.transcriptions.serving import build_serving
 from service.body_deadline import BodyDeadlineMiddleware
 from service.checkpoint import TINY_CHECKPOINT_NAME, ensure_tiny_checkpoint
 from service.engine.protocol import TranscriptionEngine
-from service.engine.vllm_engine import VllmTranscriptionEngine
+from service.engine.vllm_engine import FrontendClient, VllmTranscriptionEngine
 from service.errors import ErrorCode, install_error_handlers
 from service.gate import open_gate_from_records, record_store_for
 from service.ledger import JsonLinesLedger, watch_request
 from service.metrics import GatewayMetrics
-from service.settings import GatewaySettings, LifecycleSettings
-from service.state import EngineStatus, GatewayState
+from service.settings import EngineSettings, GatewaySettings, LifecycleSettings
+from service.state import EngineStatus, FrontendPosition, GatewayState
 from service.transcription.pipeline import build_pipeline
 from service.upload_limit import UploadLimitMiddleware
 
@@ -51,6 +51,8 @@ class StartableEngine(TranscriptionEngine, Protocol):
 EngineFactory = Callable[[GatewaySettings], StartableEngine]
 #: Runs once the engine is ready: resolves the identity and opens or keeps closed the gate.
 ReadyHook = Callable[[GatewayState], Awaitable[None]]
+#: A background task for the app's whole life (started by the lifespan, cancelled at shutdown).
+Watcher = Callable[[GatewayState], Coroutine[Any, Any, None]]
 
 
 def resolve_model_dir(settings: GatewaySettings) -> Path:
@@ -79,8 +81,20 @@ def model_name(settings: GatewaySettings) -> str:
 EMBEDDED_KV_CACHE_BYTES = 256 << 20
 
 
-def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
+def vllm_engine_factory(settings: GatewaySettings, frontend: FrontendClient | None = None) -> VllmTranscriptionEngine:
+    """The real engine: its own engine core, or (`frontend`) a client of the core a parent process launched."""
+    return VllmTranscriptionEngine(
+        effective_engine_settings(settings),
+        model_dir=resolve_model_dir(settings),
+        max_num_batched_tokens=settings.effective_max_num_batched_tokens,
+        max_audio_samples=int(settings.max_duration_s * 16_000),
+        shutdown_timeout_s=settings.lifecycle.engine_shutdown_timeout_s,
+        frontend=frontend,
+    )
 
+
+def effective_engine_settings(settings: GatewaySettings) -> EngineSettings:
+    """The engine settings as served: the embedded tiny checkpoint's own defaults filled in."""
     engine_settings = settings.engine
     if settings.uses_embedded_checkpoint:
         # The tiny checkpoint is float32 (vLLM's CPU "auto" would pick bfloat16) with a small KV cache.
@@ -92,13 +106,7 @@ def vllm_engine_factory(settings: GatewaySettings) -> StartableEngine:
         if engine_settings.enforce_eager is None:
             updates["enforce_eager"] = True
         engine_settings = engine_settings.model_copy(update=updates)
-    return VllmTranscriptionEngine(
-        engine_settings,
-        model_dir=resolve_model_dir(settings),
-        max_num_batched_tokens=settings.effective_max_num_batched_tokens,
-        max_audio_samples=int(settings.max_duration_s * 16_000),
-        shutdown_timeout_s=settings.lifecycle.engine_shutdown_timeout_s,
-    )
+    return engine_settings
 
 
 async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> bool:
@@ -250,8 +258,17 @@ def create_app(
     *,
     engine_factory: EngineFactory | None = None,
     on_ready: ReadyHook | None = None,
+    slots: SlotPool | None = None,
+    metrics: GatewayMetrics | None = None,
+    frontend: FrontendPosition | None = None,
+    watchers: Sequence[Watcher] = (),
 ) -> FastAPI:
-    """A new gateway app; `engine_factory` defaults to the real vLLM engine."""
+    """A new gateway app; `engine_factory` defaults to the real vLLM engine.
+
+    A front-end process (service/frontends.py) passes the service's shared
+    `slots`, multiprocess `metrics`, its `frontend` position and the `watchers`
+    that keep it in step with the others; alone, the gateway makes its own.
+    """
     settings = settings or GatewaySettings()
     factory = engine_factory or vllm_engine_factory
     if on_ready is None and engine_factory is None:
@@ -266,6 +283,7 @@ def create_app(
         state: GatewayState = app.state.gateway
         supervisor = asyncio.create_task(_supervise(state, factory, on_ready))
         state.background.add(supervisor)
+        state.background.update(asyncio.create_task(watch(state)) for watch in watchers)
         try:
             yield
         finally:
@@ -277,13 +295,14 @@ def create_app(
         lifespan=lifespan,
         description="OpenAI-compatible transcription on a qualified, pinned vLLM engine.",
     )
-    metrics = GatewayMetrics()
+    metrics = metrics or GatewayMetrics()
     state = GatewayState(
         settings=settings,
         model_name=model_name(settings),
         metrics=metrics,
         request_ledger=JsonLinesLedger(settings.state_dir / "ledger" / "requests.jsonl"),
-        admission=admission_controller(settings, metrics),
+        admission=admission_controller(settings, metrics, slots),
+        frontend=frontend,
     )
     app.state.gateway = state
     # Handlers are built once here, with their collaborators, and read from app.state by the routes.
@@ -322,11 +341,17 @@ def create_app(
     return app
 
 
-def admission_controller(settings: GatewaySettings, metrics: GatewayMetrics) -> AdmissionController:
+def admission_slots(settings: GatewaySettings) -> int:
+    """Transcriptions at once; unset: as many as the engine decodes in one batch, so the gateway never starves it."""
+    return settings.limits.max_concurrent_requests or settings.engine.max_num_seqs
+
+
+def admission_controller(
+    settings: GatewaySettings, metrics: GatewayMetrics, slots: SlotPool | None = None
+) -> AdmissionController:
     limits = settings.limits
     return AdmissionController(
-        # Unset: as many as the engine decodes in one batch, so the gateway never starves the engine.
-        max_concurrent=limits.max_concurrent_requests or settings.engine.max_num_seqs,
+        slots=slots or LocalSlots(admission_slots(settings)),
         max_queued=limits.max_queued_requests,
         queue_timeout_s=limits.queue_timeout_s,
         retry_after_s=limits.retry_after_s,

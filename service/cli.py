@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import sys
 import time
@@ -17,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from service import transcribe_cli
-from service.api.admin import record_summary
 from service.app import admission_controller, create_app, model_name, vllm_engine_factory
 from service.checkpoint import ensure_tiny_checkpoint
 from service.evaluation.arguments import add_evaluate_arguments
 from service.evaluation.command import evaluate_command
-from service.gate import resolve_backend_identity, run_qualification
+from service.frontends import serve_frontends
+from service.gate import record_summary, resolve_backend_identity, run_qualification
 from service.ledger import JsonLinesLedger
 from service.metrics import GatewayMetrics
-from service.server import run_server
+from service.server import configure_logging, run_server
 from service.settings import GatewaySettings
 from service.state import EngineStatus, GatewayState
 
@@ -38,6 +37,8 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
         server["host"] = args.host
     if getattr(args, "port", None) is not None:
         server["port"] = args.port
+    if getattr(args, "api_processes", None) is not None:
+        server["api_processes"] = args.api_processes
     if getattr(args, "admin_token", None) and not getattr(args, "url", None):
         server["admin_token"] = args.admin_token
     if getattr(args, "model", None):
@@ -53,14 +54,12 @@ def _settings(args: argparse.Namespace) -> GatewaySettings:
     return GatewaySettings(**overrides)
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
-    _logging(settings.server.log_level)
+    configure_logging(settings.server.log_level)
+    if settings.server.api_processes > 1:
+        return serve_frontends(settings)  # several front-end processes on one engine core: service/frontends.py
     # Header size and deadline, keep-alive, connection limit, signals: see service/server.py.
     return run_server(create_app(settings), settings)
 
@@ -129,7 +128,7 @@ def qualify(args: argparse.Namespace) -> int:
     # stdout carries only the summary JSON; vLLM logs to stdout unless told otherwise.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     settings = _settings(args)
-    _logging(settings.server.log_level)
+    configure_logging(settings.server.log_level)
     return asyncio.run(_qualify_standalone(settings, Path(args.clip) if args.clip else None))
 
 
@@ -149,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--model", help="Checkpoint directory or repo id (default: the embedded tiny checkpoint).")
     p_serve.add_argument("--state-dir")
     p_serve.add_argument("--admin-token")
+    p_serve.add_argument(
+        "--api-processes", type=int,
+        help="HTTP front-end processes on one engine core (server.api_processes; default 1).",
+    )
     p_serve.add_argument(
         "--qualify-on-start", action=argparse.BooleanOptionalAction, default=None,
         help="Qualify the backend at start-up (default: only for the embedded tiny checkpoint).",

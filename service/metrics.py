@@ -2,9 +2,22 @@
 
 vLLM registers its engine metrics in prometheus_client's default registry; the
 /metrics route renders both, so one scrape sees gateway and engine together.
+
+With several front-end processes (service/frontends.py) prometheus_client's
+multiprocess mode is on (`PROMETHEUS_MULTIPROC_DIR`, set by the parent the way
+vLLM's own `setup_multiprocess_prometheus` does): every process writes its
+samples to files there, and a scrape of any process renders all of them,
+gateway and engine series alike. Counters and histograms add up over
+processes (those of a process that exited stay counted); the gauges say how
+they combine (`livesum`: in flight and queued; `livemin`: engine ready and
+qualified, 1 only when every live process says so). The backend identity is an
+`Info` alone, which multiprocess mode does not support, so there it is the
+equivalent gauge `moss_gateway_backend_info{...} 1`.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import (
     REGISTRY,
@@ -16,8 +29,14 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+#: The labels of `moss_gateway_backend_info` (what `gate.resolve_backend_identity` publishes).
+BACKEND_LABELS = (
+    "fingerprint", "gateway_version", "git_revision", "vllm", "torch", "accelerator", "arch", "dtype",
+    "kv_cache_dtype", "attention_backend",
+)
 RTF_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 
 
@@ -26,7 +45,8 @@ class GatewayMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self) -> None:
+    def __init__(self, *, multiprocess: bool = False) -> None:
+        self.multiprocess = multiprocess
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -61,21 +81,46 @@ class GatewayMetrics:
             "moss_gateway_truncated_responses", "Responses flagged truncated.", ["track"], registry=r
         )
         self.in_flight = Gauge(
-            "moss_gateway_in_flight_requests", "Transcriptions being processed now.", registry=r
+            "moss_gateway_in_flight_requests", "Transcriptions being processed now.", registry=r,
+            multiprocess_mode="livesum",
         )
         self.queued = Gauge(
-            "moss_gateway_queued_requests", "Transcriptions waiting for an engine slot.", registry=r
+            "moss_gateway_queued_requests", "Transcriptions waiting for an engine slot.", registry=r,
+            multiprocess_mode="livesum",
         )
         self.qualified = Gauge(
-            "moss_gateway_backend_qualified", "1 when the running backend holds a passing qualification.", registry=r
+            "moss_gateway_backend_qualified", "1 when the running backend holds a passing qualification.", registry=r,
+            multiprocess_mode="livemin",
         )
         self.engine_ready = Gauge(
-            "moss_gateway_engine_ready", "1 when the engine is loaded and healthy.", registry=r
+            "moss_gateway_engine_ready", "1 when the engine is loaded and healthy.", registry=r,
+            multiprocess_mode="livemin",
         )
-        self.backend = Info("moss_gateway_backend", "The running backend identity.", registry=r)
+        self._backend_info: Info | None = None
+        self._backend_gauge: Gauge | None = None
+        if multiprocess:
+            self._backend_gauge = Gauge(
+                "moss_gateway_backend_info", "The running backend identity.", BACKEND_LABELS, registry=r,
+                multiprocess_mode="livemax",
+            )
+        else:
+            self._backend_info = Info("moss_gateway_backend", "The running backend identity.", registry=r)
+
+    def set_backend(self, identity: dict[str, str]) -> None:
+        """The running backend's identity as labels (`BACKEND_LABELS`); a new one replaces the last."""
+        if self._backend_info is not None:
+            self._backend_info.info(identity)
+        if self._backend_gauge is not None:
+            self._backend_gauge.clear()
+            self._backend_gauge.labels(*(identity.get(name, "") for name in BACKEND_LABELS)).set(1)
 
     def render(self) -> bytes:
-        """Gateway series first, then the engine's (vLLM's default registry)."""
+        """Gateway series first, then the engine's (vLLM's default registry); or every process's, in multiprocess mode."""
+        if self.multiprocess:
+            every_process = CollectorRegistry()
+            MultiProcessCollector(every_process, path=os.environ["PROMETHEUS_MULTIPROC_DIR"])
+            merged: bytes = generate_latest(every_process)
+            return merged
         gateway: bytes = generate_latest(self.registry)
         engine: bytes = generate_latest(REGISTRY)
         return gateway + engine

@@ -20,7 +20,9 @@ which is nothing next to a transcription.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import socket
 from types import FrameType
 from typing import Any
 
@@ -120,7 +122,14 @@ def server_config(app: ASGIApp, settings: GatewaySettings, **overrides: Any) -> 
 STARTUP_FAILURE = 3
 
 
-def run_server(app: FastAPI, settings: GatewaySettings, **overrides: Any) -> int:
+def configure_logging(level: str) -> None:
+    """The gateway's log format on stderr, at `server.log_level`."""
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_server(
+    app: FastAPI, settings: GatewaySettings, *, sockets: list[socket.socket] | None = None, **overrides: Any
+) -> int:
     """Serve `app` until SIGTERM or SIGINT, then stop in order and return 0 (3 when the start-up failed).
 
     uvicorn catches the signal, stops accepting, drains open requests for
@@ -134,6 +143,9 @@ def run_server(app: FastAPI, settings: GatewaySettings, **overrides: Any) -> int
       handler, which by default kills the process with the signal's status; the
       handler installed here makes that a clean exit 0 instead. A signal that
       arrives before uvicorn took over still stops the process at once.
+
+    `sockets`: serve on these already listening sockets (a front-end process
+    shares its parent's) instead of binding `server.host:server.port`.
     """
     state = app.state.gateway
     server = uvicorn.Server(server_config(app, settings, **overrides))
@@ -151,7 +163,7 @@ def run_server(app: FastAPI, settings: GatewaySettings, **overrides: Any) -> int
     server.handle_exit = handle_exit  # type: ignore[method-assign,assignment]
     previous = {sig: signal.signal(sig, after_orderly_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

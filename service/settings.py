@@ -87,6 +87,16 @@ class ServerSettings(BaseModel):
         512, gt=0, description="Open connections (and running requests) served at once; a request beyond them gets 503."
     )
     backlog: int = Field(2048, gt=0, description="Connections the kernel queues before they are accepted.")
+    api_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "HTTP front-end processes on one engine core (vLLM's own `--api-server-count` mechanism): each parses, "
+            "decodes and renders on its own CPU core; admission, /metrics, the gate and the ledger stay one "
+            "(service/frontends.py). 1: the engine runs in the gateway's process."
+        ),
+    )
 
     @field_validator("admin_token")
     @classmethod

@@ -48,9 +48,19 @@ class GateStatus:
     qualification_id: str | None = None
     verdict: str | None = None
     progress: str | None = None
+    #: The records folder as last read (`gate.refresh_gate` re-reads it when another process changed it).
+    records_signature: tuple[int, int] | None = None
 
     def tag(self) -> BackendTag:
         return BackendTag(self.fingerprint, self.qualification_id)
+
+
+@dataclass(frozen=True)
+class FrontendPosition:
+    """This process as one of `count` front-end processes of one service (service/frontends.py)."""
+
+    index: int
+    count: int
 
 
 @dataclass
@@ -61,6 +71,8 @@ class GatewayState:
     request_ledger: JsonLinesLedger
     admission: AdmissionController
     engine: TranscriptionEngine | None = None
+    #: None when this process is the whole front end.
+    frontend: FrontendPosition | None = None
     engine_status: EngineStatus = EngineStatus.STARTING
     engine_error: str | None = None
     gate: GateStatus = field(default_factory=GateStatus)

@@ -22,7 +22,14 @@ from service.access import bearer_token, key_matches
 from service.errors import ErrorCode, GatewayError
 from service.evidence import evidence_bundle_path
 from service.forms import ADMIN_CLIP_FORM
-from service.gate import record_store, run_qualification
+from service.gate import (
+    QualificationBusy,
+    qualification_board,
+    record_store,
+    record_summary,
+    refresh_gate,
+    run_qualification,
+)
 from service.state import GatewayState
 
 logger = logging.getLogger(__name__)
@@ -52,37 +59,22 @@ Admin = Annotated[None, Depends(require_admin)]
 
 
 def qualification_status(state: GatewayState) -> dict[str, Any]:
+    """This process's job if it ran one, else the board's (another front-end process may run it)."""
     task = state.qualification_task
-    last = state.last_qualification
+    if task is not None:
+        running, progress, last = not task.done(), state.gate.progress, state.last_qualification
+    else:
+        published = qualification_board(state).read() or {}
+        running, progress, last = bool(published.get("running")), published.get("progress"), published.get("last")
+    refresh_gate(state)
     return {
-        "running": task is not None and not task.done(),
-        "progress": state.gate.progress,
+        "running": running,
+        "progress": progress,
         "gate_open": state.gate.open,
         "fingerprint": state.gate.fingerprint,
         "qualification_id": state.gate.qualification_id,
         "reason": state.gate.reason,
         "last": last,
-    }
-
-
-def record_summary(record: dict[str, Any]) -> dict[str, Any]:
-    verdict = record["verdict"]
-    return {
-        "qualification_id": record["qualification_id"],
-        "fingerprint": record["fingerprint"],
-        "result": verdict["result"],
-        "passed": verdict["passed"],
-        "batched_result": verdict["batched_result"],
-        "batched_passed": verdict["batched_passed"],
-        "explanation": verdict["evidence"]["explanation"],
-        "first_divergence": verdict["evidence"]["first_divergence"],
-        "near_tie_logprob_margin": verdict.get("near_tie_logprob_margin"),
-        "near_ties": verdict.get("near_ties"),
-        "largest_margin_used": verdict.get("largest_margin_used"),
-        "batched_near_ties": verdict.get("batched_near_ties"),
-        "batched_largest_margin_used": verdict.get("batched_largest_margin_used"),
-        "comparison": record["comparison"],
-        "path": record.get("path"),
     }
 
 
@@ -165,7 +157,7 @@ async def start_qualification(request: Request) -> JSONResponse:
     # Checked after the (awaited) upload, with no await until the new task is registered:
     # two uploads finishing together cannot both start a run.
     task = state.qualification_task
-    if task is not None and not task.done():
+    if (task is not None and not task.done()) or qualification_board(state).is_claimed():
         if folder is not None:
             await asyncio.to_thread(shutil.rmtree, folder, True)
         return JSONResponse(qualification_status(state), status_code=409)
@@ -174,6 +166,9 @@ async def start_qualification(request: Request) -> JSONResponse:
         try:
             record = await run_qualification(state, clip=clip_path)
             state.last_qualification = record_summary(record)
+        except QualificationBusy as exc:  # another process claimed the board in between
+            state.gate.progress = f"not started: {exc}"
+            state.last_qualification = {"error": str(exc)}
         except Exception as exc:
             logger.exception("qualification failed")
             state.gate.progress = f"failed: {type(exc).__name__}: {exc}"

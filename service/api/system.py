@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from service.errors import ErrorCode, GatewayError, documented_errors
+from service.gate import refresh_gate
 from service.state import EngineStatus, GatewayState
 
 router = APIRouter()
@@ -27,10 +29,12 @@ async def health(request: Request) -> JSONResponse:
     row, or it is down with restarts switched off. An orchestrator should then
     replace the replica (restart the container); the reason says what failed.
     """
-    problem = _state(request).liveness_problem()
+    state = _state(request)
+    process = {"frontend": asdict(state.frontend)} if state.frontend is not None else {}
+    problem = state.liveness_problem()
     if problem is not None:
-        return JSONResponse({"status": "failing", "reason": problem}, status_code=503)
-    return JSONResponse({"status": "alive"})
+        return JSONResponse({"status": "failing", "reason": problem, **process}, status_code=503)
+    return JSONResponse({"status": "alive", **process})
 
 
 @router.get("/ready")
@@ -50,7 +54,7 @@ async def ready(request: Request) -> JSONResponse:
         except Exception as exc:  # any failure of the health probe means not ready
             state.mark_engine_dead(f"health check failed: {exc}")
             reasons.append(f"engine unhealthy: {exc}")
-    if not state.gate.open:
+    if not refresh_gate(state):
         reasons.append(f"backend not qualified: {state.gate.reason}")
     body = {
         "ready": not reasons,
@@ -60,6 +64,8 @@ async def ready(request: Request) -> JSONResponse:
         "qualification_id": state.gate.qualification_id,
         "reasons": reasons,
     }
+    if state.frontend is not None:
+        body["frontend"] = asdict(state.frontend)
     return JSONResponse(body, status_code=200 if not reasons else 503)
 
 

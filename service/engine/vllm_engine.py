@@ -4,6 +4,10 @@ vLLM's own HTTP server is not used because the gateway needs what it does not
 return: generated token IDs, finish and stop reasons, streaming deltas and
 abort. The engine core runs in vLLM's child process; this adapter lives in the
 gateway's process and owns the `AsyncLLM` client.
+
+With several front-end processes (service/frontends.py), the engine core is
+launched by the parent process and each front end's adapter is one of its
+`AsyncLLM` clients (`FrontendClient`), as in `vllm serve --api-server-count`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +67,21 @@ def kv_bytes_per_token_bf16(model_dir: Path) -> int:
     return layers * kv_heads * head_dim * 2 * 2
 
 
+@dataclass(frozen=True)
+class FrontendClient:
+    """This process's place among the front ends of an engine core that another process launched.
+
+    `addresses` is what vLLM's `APIServerProcessManager` hands each API process
+    (its engine sockets, and more in some versions); it goes to `AsyncLLM` as is.
+    """
+
+    addresses: dict[str, Any]
+    count: int
+    index: int
+
+
 class VllmTranscriptionEngine:
-    """`TranscriptionEngine` on vLLM's `AsyncLLM`."""
+    """`TranscriptionEngine` on vLLM's `AsyncLLM`: its own engine core, or a client of a shared one."""
 
     sample_rate = SAMPLE_RATE
 
@@ -75,8 +93,10 @@ class VllmTranscriptionEngine:
         max_num_batched_tokens: int,
         max_audio_samples: int,
         shutdown_timeout_s: float,
+        frontend: FrontendClient | None = None,
     ) -> None:
         self._settings = settings
+        self.frontend = frontend
         self._shutdown_timeout_s = shutdown_timeout_s
         self.model_dir = model_dir
         self._max_num_batched_tokens = max_num_batched_tokens
@@ -132,7 +152,6 @@ class VllmTranscriptionEngine:
     def start(self) -> None:
         """Build the engine (blocking: call it from a worker thread)."""
         from transformers import AutoProcessor
-        from vllm import AsyncLLMEngine
 
         started = time.monotonic()
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -140,12 +159,29 @@ class VllmTranscriptionEngine:
             str(self.model_dir), trust_remote_code=True, revision=self._settings.revision
         )
         self._prompts = PromptBuilder(self._processor.tokenizer)
-        self._engine = AsyncLLMEngine.from_engine_args(self.engine_args())
+        self._engine = self._build_async_llm()
         self.max_model_len = int(self._engine.model_config.max_model_len)
         self.eos_token_ids = checkpoint_eos_token_ids(self.model_dir, self._processor.tokenizer)
         self._special_ids = frozenset(int(t) for t in self._processor.tokenizer.all_special_ids)
         self.load_time_s = time.monotonic() - started
         logger.info("engine ready in %.1f s (max_model_len=%d)", self.load_time_s, self.max_model_len)
+
+    def _build_async_llm(self) -> Any:
+        """The engine core and its client; or only the client, when a parent process launched the core."""
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self.frontend is None:
+            return AsyncLLM.from_engine_args(self.engine_args())
+        args = frontend_engine_args(self.engine_args(), count=self.frontend.count, rank=self.frontend.index)
+        return AsyncLLM.from_vllm_config(
+            args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER),
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            disable_log_stats=False,
+            client_addresses=dict(self.frontend.addresses),
+            client_count=self.frontend.count,
+            client_index=self.frontend.index,
+        )
 
     async def shutdown(self) -> None:
         """Stop the engine core and its workers in order.
@@ -335,6 +371,18 @@ class VllmTranscriptionEngine:
             "seed": self._settings.seed,
             "requested_attention_backend": self._settings.attention_backend,
         }
+
+
+def frontend_engine_args(engine_args: Any, *, count: int, rank: int) -> Any:
+    """Engine arguments as one of `count` API processes sees them (`rank` -1: the parent that launches the core).
+
+    vLLM reads the API-process count and rank from these two private fields of
+    `AsyncEngineArgs`, which `vllm serve --api-server-count` sets the same way;
+    the engine core sizes its client sockets and stats from them.
+    """
+    engine_args._api_process_count = count
+    engine_args._api_process_rank = rank
+    return engine_args
 
 
 def _engine_core_timings(timings: EngineTimings, stats: Any) -> None:

@@ -1,0 +1,249 @@
+"""Several HTTP front-end processes on one engine core: the gateway's CPU spread over cores.
+
+One process does everything on one event loop: HTTP parsing, multipart, audio
+decode hand-offs, rendering, metrics, and vLLM's own output processing. At 16
+and 64 concurrent streams that loop, not the GPU, limited the gateway
+(docs/benchmarks.md). `server.api_processes=N` runs N front ends instead,
+with vLLM's own mechanism for it (`vllm serve --api-server-count`): this parent
+process launches the engine core(s) with `launch_core_engines`, and vLLM's
+`APIServerProcessManager` spawns N processes that each run `run_frontend`: a
+complete gateway app whose engine is an `AsyncLLM` client of that core, all
+accepting on one listening socket. No RPC of our own.
+
+What stays one thing for the service, and how:
+- admission: the slots and the queue are counters in shared memory
+  (`admission.SharedSlots`), made anew by each launch;
+- `/metrics`: prometheus_client's multiprocess mode (the same directory vLLM's
+  `setup_multiprocess_prometheus` makes), so any process renders all of them;
+- the gate: one record store; each front end re-reads it when it changes
+  (`gate.refresh_gate`, every `GATE_REFRESH_S` and on /ready), one qualification
+  at a time through a file lock, its progress on a shared board (any process
+  answers `GET /admin/qualify`); only the first front end qualifies at start-up;
+- the ledger: one file, each process appending whole lines with one `write`
+  on an `O_APPEND` descriptor (atomic with respect to the other writers);
+- drain: SIGTERM or SIGINT to this parent stops the front ends with SIGTERM
+  (each drains its own requests for `lifecycle.drain_timeout_s`), then the
+  engine core; exit 0;
+- restart: when any process of the group exits unexpectedly (the engine core,
+  or a front end, which exits on purpose when its engine client dies), the
+  whole group is stopped and launched again on the same listening socket after
+  the lifecycle's backoff; the gate opens again from the records for the new
+  identity. After `lifecycle.restart_max_attempts` consecutive failures, or at
+  the first with `lifecycle.restart_engine` off, the parent exits 1 so that an
+  orchestrator replaces the replica. While the group restarts, connections wait
+  in the listening socket's backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_any
+from types import FrameType
+from typing import Any
+
+from prometheus_client import multiprocess
+from setproctitle import setproctitle
+
+from service.admission import SharedSlots
+from service.app import (
+    admission_slots,
+    create_app,
+    restart_delay_s,
+    vllm_engine_factory,
+)
+from service.engine.core_launch import LaunchedEngine, launch
+from service.engine.vllm_engine import FrontendClient, frontend_engine_args
+from service.gate import open_gate_from_records, record_store_for, refresh_gate
+from service.metrics import GatewayMetrics
+from service.server import configure_logging, run_server
+from service.settings import GatewaySettings
+from service.state import EngineStatus, FrontendPosition, GatewayState
+
+logger = logging.getLogger(__name__)
+
+#: How often a front end re-reads the qualification records and checks its engine client.
+GATE_REFRESH_S = 0.5
+#: A group that served this long before failing counts as proven: the failure count starts over.
+PROVEN_AFTER_S = 60.0
+#: What vLLM's process manager adds to the engine client's addresses that `AsyncLLM` does not take.
+NOT_CLIENT_ADDRESSES = ("client_count", "client_index", "api_server_loads")
+
+
+@dataclass(frozen=True)
+class FrontendArgs:
+    """What every front-end process receives (pickled by vLLM's spawn of the process)."""
+
+    settings: GatewaySettings
+    slots: SharedSlots
+
+
+def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
+    """One front-end process: a whole gateway app on the shared socket, its engine a client of the shared core."""
+    settings = args.settings
+    configure_logging(settings.server.log_level)
+    position = FrontendPosition(index=int(client_config["client_index"]), count=int(client_config["client_count"]))
+    setproctitle(f"moss-gateway::frontend-{position.index}")  # what ps and the operator see
+    client = FrontendClient(
+        addresses={k: v for k, v in client_config.items() if k not in NOT_CLIENT_ADDRESSES},
+        count=position.count,
+        index=position.index,
+    )
+    # The parent restarts the whole group; a front end never restarts its engine client by itself.
+    own = settings.model_copy(update={"lifecycle": settings.lifecycle.model_copy(update={"restart_engine": False})})
+    app = create_app(
+        own,
+        engine_factory=functools.partial(vllm_engine_factory, frontend=client),
+        on_ready=open_gate_from_records,
+        slots=args.slots,
+        metrics=GatewayMetrics(multiprocess=True),
+        frontend=position,
+        watchers=(keep_in_step,),
+    )
+    logger.info("front end %d of %d serving on %s (pid %d)", position.index, position.count, listen_address, os.getpid())
+    try:
+        code = run_server(app, own, sockets=[sock])
+    finally:
+        multiprocess.mark_process_dead(os.getpid())
+    raise SystemExit(code)
+
+
+async def keep_in_step(state: GatewayState) -> None:
+    """Follow the shared gate; when this process's engine client is down, stop so that the parent restarts the group."""
+    while True:
+        await asyncio.sleep(GATE_REFRESH_S)
+        refresh_gate(state)
+        if state.engine_status in (EngineStatus.FAILED, EngineStatus.DEAD) and not state.shutting_down:
+            logger.error("front end: the engine is %s (%s); stopping for a restart", state.engine_status.value, state.engine_error)
+            signal.raise_signal(signal.SIGTERM)
+            return
+
+
+class FrontendSupervisor:
+    """The parent: launches the engine core and the front ends, waits, restarts the group, stops it in order."""
+
+    def __init__(self, settings: GatewaySettings, sock: socket.socket) -> None:
+        self.settings = settings
+        self.sock = sock
+        host, port = sock.getsockname()[:2]
+        self.listen_address = f"http://{host}:{port}"
+        self.stopping = False
+        self._wake_read, self._wake_write = os.pipe()
+        self._launching = False
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        logger.info("received signal %d: stopping the front ends, then the engine", signum)
+        os.write(self._wake_write, b"x")
+        if self._launching:
+            raise SystemExit(128 + signum)  # abort a start-up in progress; vLLM's launch cleans up what it started
+
+    def run(self) -> int:
+        """Serve until stopped (0), or until the group cannot be kept up (1)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        lifecycle = self.settings.lifecycle
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                problem = self._serve_once()
+            except SystemExit:
+                return 0 if self.stopping else 1
+            if problem is None:
+                return 0
+            failures = 1 if time.monotonic() - started >= PROVEN_AFTER_S else failures + 1
+            if not lifecycle.restart_engine or failures >= lifecycle.restart_max_attempts:
+                logger.error("front ends: giving up after %d consecutive failures; last: %s", failures, problem)
+                return 1
+            delay = restart_delay_s(lifecycle, failures)
+            logger.warning("front ends: restarting the group in %g s (failure %d): %s", delay, failures, problem)
+            if self._sleep_unless_stopped(delay):
+                return 0
+
+    def _serve_once(self) -> str | None:
+        """One launch, served until a stop (None) or a failure (its description)."""
+        self._launching = True
+        try:
+            group = self._launch()
+        except Exception as exc:  # the engine failed to start: a failure like any other
+            logger.exception("front ends: the launch failed")
+            return f"launch failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._launching = False
+        try:
+            return None if self.stopping else self._wait(group)
+        finally:
+            self._stop(group)
+
+    def _launch(self) -> LaunchedEngine:
+        settings = self.settings
+        count = settings.server.api_processes
+        engine_args = frontend_engine_args(vllm_engine_factory(settings).engine_args(), count=count, rank=-1)
+        from vllm.usage.usage_lib import UsageContext  # the parent only: the front ends import vLLM themselves
+
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        slots = SharedSlots(admission_slots(settings), multiprocessing.get_context("spawn"))
+        return launch(
+            vllm_config,
+            count=count,
+            target=run_frontend,
+            listen_address=self.listen_address,
+            sock=self.sock,
+            args=FrontendArgs(settings=settings, slots=slots),
+        )
+
+    def _wait(self, group: LaunchedEngine) -> str | None:
+        """Until a stop is asked (None) or a process of the group exits (what exited)."""
+        processes = group.processes()
+        by_sentinel = {process.sentinel: process for process in processes}
+        ready = wait_for_any([*by_sentinel, self._wake_read])
+        if self.stopping:
+            return None
+        exited = [by_sentinel[s] for s in ready if s in by_sentinel]
+        return ", ".join(f"{p.name} (pid {p.pid}) exited with {p.exitcode}" for p in exited) or "woken without a cause"
+
+    def _stop(self, group: LaunchedEngine) -> None:
+        """Front ends first (each drains), then the engine core; mark the front ends' gauges dead."""
+        lifecycle = self.settings.lifecycle
+        timeout = lifecycle.drain_timeout_s + lifecycle.engine_shutdown_timeout_s + lifecycle.ledger_flush_timeout_s
+        group.shutdown(timeout=timeout)
+        for process in group.frontends.processes:
+            if process.pid is not None:
+                multiprocess.mark_process_dead(process.pid)
+
+    def _sleep_unless_stopped(self, delay: float) -> bool:
+        """Sleep `delay` seconds; True when a stop came meanwhile."""
+        wait_for_any([self._wake_read], timeout=delay)
+        return self.stopping
+
+
+def listening_socket(settings: GatewaySettings) -> socket.socket:
+    """The one socket every front end accepts on (inherited by each at spawn)."""
+    server = settings.server
+    family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+    return socket.create_server((server.host, server.port), family=family, backlog=server.backlog)
+
+
+def serve_frontends(settings: GatewaySettings) -> int:
+    """`moss-gateway serve` with `server.api_processes` > 1."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus  # vLLM's own directory and clean-up
+
+        setup_multiprocess_prometheus()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    record_store_for(settings)  # the sealing key is made (or checked) once, here, before any front end reads it
+    sock = listening_socket(settings)
+    try:
+        return FrontendSupervisor(settings, sock).run()
+    finally:
+        sock.close()
