@@ -143,18 +143,21 @@ def test_nginx_round_robin_over_two_ready_replicas(pool: Callable[..., Proxy]) -
     answers = [transcribe(proxy.url) for _ in range(6)]
     assert [r.status_code for r in answers] == [200] * 6
     served = [r.headers["x-moss-backend-fingerprint"] for r in answers]
-    assert Counter(served) == {A: 3, B: 3} and all(x != y for x, y in zip(served, served[1:]))  # alternating
+    assert Counter(served) == {A: 3, B: 3} and all(x != y for x, y in zip(served, served[1:], strict=False))  # alternating
 
 
-def test_nginx_takes_an_unqualified_replica_out_after_its_first_503(pool: Callable[..., Proxy]) -> None:
+def test_nginx_passes_an_unqualified_replicas_503_through(pool: Callable[..., Proxy]) -> None:
+    """Open-source nginx cannot take an unready replica out for POSTs: a 503 to a POST is passed on.
+
+    Measured: `proxy_next_upstream ... http_503` with `max_fails=1` did not mark the replica failed for
+    these non-idempotent requests; round robin kept sending it every other one. So the client gets the
+    gateway's 503 (`backend_not_qualified`) and must retry; HAProxy's active checks (below) avoid that.
+    """
     proxy = pool("nginx", C)
     answers = [transcribe(proxy.url) for _ in range(8)]
     refused = [r for r in answers if r.status_code == 503]
-    # Passive checks: at most the one request that found the replica unready is refused (nginx cannot
-    # resend an unbuffered upload); after that the replica is out for fail_timeout (30 s).
-    assert len(refused) <= 1 and all(r.json()["error"]["code"] == "backend_not_qualified" for r in refused)
+    assert refused and all(r.json()["error"]["code"] == "backend_not_qualified" for r in refused)
     assert {r.headers["x-moss-backend-fingerprint"] for r in answers if r.status_code == 200} == {A}
-    assert sum(r.status_code == 200 for r in answers) >= 7
 
 
 def test_nginx_passes_server_sent_events_through_unbuffered(pool: Callable[..., Proxy]) -> None:
