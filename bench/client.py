@@ -41,6 +41,8 @@ def _form(spec: dict[str, Any]) -> dict[str, str]:
         "ignore_eos": "true",
         "temperature": "0",
     }
+    if spec.get("chunking_strategy"):  # the chunked track (bench.dp's program block)
+        form["chunking_strategy"] = spec["chunking_strategy"]
     if spec.get("stream"):
         form.update(stream="true", response_format="json")
     else:

@@ -38,6 +38,7 @@ class PacedEngine:
         self.kv_bytes_per_token_bf16 = 114_688
         self.model_dir = None
         self.load_time_s = 0.0
+        self.data_parallel_size = 1
         self._running = 0
 
     def start(self) -> None:
@@ -61,6 +62,9 @@ class PacedEngine:
 
     async def attention_backends(self) -> list[str]:
         return ["PACED"]
+
+    async def rank_devices(self) -> list[dict[str, Any]]:
+        return [{"rank": 0, "devices": [{"kind": "paced"}]}]
 
     def num_running_requests(self) -> int:
         return self._running

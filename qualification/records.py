@@ -129,9 +129,29 @@ class RecordStore:
             if not (verdict.get("passed") and accepted and verdict.get("batched_passed", False)):
                 notes.append(f"{check.path.name}: verdict {verdict.get('result')} does not pass policy {policy}")
                 continue
+            unqualified_ranks = ranks_not_passing(record)
+            if unqualified_ranks:
+                notes.append(f"{check.path.name}: data-parallel rank(s) {unqualified_ranks} not qualified")
+                continue
             if best is None or str(record.get("created_at", "")) > str(best.get("created_at", "")):
                 best = record
         return best, notes
+
+
+def ranks_not_passing(record: dict[str, Any]) -> list[int]:
+    """The data-parallel ranks of the record's engine without a passing verdict of their own.
+
+    A record for `data_parallel_size` N must hold N per-rank results, each passing
+    alone and in a batch: the engine may place any request on any rank.
+    """
+    size = int(((record.get("identity") or {}).get("engine") or {}).get("data_parallel_size") or 1)
+    if size <= 1:
+        return []
+    verdicts = {entry.get("rank"): entry.get("verdict", {}) for entry in record.get("ranks") or []}
+    return [
+        rank for rank in range(size)
+        if not (verdicts.get(rank, {}).get("passed") and verdicts.get(rank, {}).get("batched_passed"))
+    ]
 
 
 def load_or_create_key(path: Path) -> bytes:

@@ -228,10 +228,13 @@ async def score_candidates(
     }
 
 
-async def run_candidate(engine: TranscriptionEngine, audio: np.ndarray, instruction: str, max_tokens: int) -> dict[str, Any]:
-    """One greedy run on the serving engine, with its stop classified like any request's."""
+async def run_candidate(
+    engine: TranscriptionEngine, audio: np.ndarray, instruction: str, max_tokens: int, *, rank: int | None = None
+) -> dict[str, Any]:
+    """One greedy run on the serving engine (pinned to a data-parallel rank if given), its stop classified."""
     request = GenerationRequest(
-        request_id=f"qualify-{uuid.uuid4().hex[:12]}", audio=audio, instruction=instruction, max_tokens=max_tokens
+        request_id=f"qualify-{uuid.uuid4().hex[:12]}", audio=audio, instruction=instruction, max_tokens=max_tokens,
+        data_parallel_rank=rank,
     )
     final = None
     started = time.monotonic()
@@ -314,6 +317,94 @@ def _device_peak_bytes() -> int | None:
     return None
 
 
+def rank_pins(data_parallel_size: int) -> list[int | None]:
+    """The ranks qualification pins its runs to: each one with data parallelism, else vLLM's choice (None)."""
+    return list(range(data_parallel_size)) if data_parallel_size > 1 else [None]
+
+
+@dataclass
+class RankRuns:
+    """One data-parallel rank's qualification runs: the clip alone, then among a batch, both on that rank."""
+
+    rank: int | None
+    single: dict[str, Any]
+    batch: list[dict[str, Any]]
+    single_parity: ParityResult | None = None
+    batched_parity: ParityResult | None = None
+
+    def compare(
+        self,
+        reference: dict[str, Any],
+        forced: dict[tuple[int, ...], list[ForcedStep]],
+        settings: QualificationSettings,
+        token_text: Callable[[int], str],
+        say: Progress,
+    ) -> None:
+        self.single_parity = _compare(reference, self.single, forced, settings, token_text)
+        self.batched_parity = _compare(reference, self.batch[0], forced, settings, token_text)
+        where = "" if self.rank is None else f" (rank {self.rank})"
+        say(f"candidate{where}: {self.single_parity.verdict} ({self.single_parity.explanation})")
+        say(f"batch{where}: {self.batched_parity.verdict} ({self.batched_parity.explanation})")
+
+    def as_record(self, forced: dict[tuple[int, ...], list[ForcedStep]], devices: Any) -> dict[str, Any]:
+        """This rank's part of the record: its devices, both runs and both verdicts."""
+        assert self.single_parity is not None and self.batched_parity is not None
+        keys = ("token_ids", "text", "stop", "finish_reason", "stop_reason")
+        return {
+            "rank": self.rank,
+            "devices": devices,
+            "candidate": {**{k: self.single[k] for k in keys}, "reference_forced": _forced_evidence(forced, self.single["token_ids"])},
+            "batched_clip_run": {
+                **{k: self.batch[0][k] for k in keys}, "reference_forced": _forced_evidence(forced, self.batch[0]["token_ids"]),
+            },
+            "verdict": {
+                "result": self.single_parity.verdict, "passed": self.single_parity.passed,
+                "batched_result": self.batched_parity.verdict, "batched_passed": self.batched_parity.passed,
+                "evidence": self.single_parity.as_dict(), "batched_evidence": self.batched_parity.as_dict(),
+            },
+        }
+
+
+async def run_rank(
+    engine: TranscriptionEngine,
+    clip: Clip,
+    instruction: str,
+    settings: QualificationSettings,
+    *,
+    rank: int | None,
+    sizes: tuple[int, int],
+    say: Progress,
+) -> RankRuns:
+    """The clip alone, then the clip among `batch_size` concurrent requests, all pinned to `rank`."""
+    where = "" if rank is None else f" on rank {rank} of {sizes[0]}"
+    say(f"candidate: single request on the serving engine{where}")
+    single = await run_candidate(engine, clip.samples, instruction, settings.max_new_tokens, rank=rank)
+    say(f"batch: the clip among {sizes[1]} concurrent requests{where}")
+    companions = batch_companions(clip.samples, settings.batch_size - 1)
+    runs = await asyncio.gather(
+        *(run_candidate(engine, audio, instruction, settings.max_new_tokens, rank=rank) for audio in [clip.samples, *companions])
+    )
+    return RankRuns(rank=rank, single=single, batch=list(runs))
+
+
+#: Worst first: the combined verdict of several ranks is the worst of theirs.
+_VERDICT_ORDER = ("failed", "explained", "identical")
+
+
+def combined_verdict(results: list[ParityResult | None]) -> ParityResult:
+    """Every rank's parity as one: the worst rank's result, passed only if every rank passed.
+
+    The worst rank's evidence stands for the whole (a record's top-level fields
+    keep their shape); each rank's own evidence is in the record's `ranks`.
+    """
+    present = [r for r in results if r is not None]
+    worst = min(present, key=lambda r: _VERDICT_ORDER.index(r.verdict) if r.verdict in _VERDICT_ORDER else -1)
+    if all(r.passed for r in present):
+        return worst
+    failing = next(r for r in present if not r.passed)
+    return failing if worst.passed else worst
+
+
 async def qualify(
     *,
     engine: TranscriptionEngine,
@@ -341,24 +432,23 @@ async def qualify(
         ),
         progress=say,
     )
-    say("candidate: single request on the serving engine")
-    candidate = await run_candidate(engine, clip.samples, instruction, settings.max_new_tokens)
-
-    say(f"batch: the clip among {settings.batch_size} concurrent requests")
-    companions = batch_companions(clip.samples, settings.batch_size - 1)
-    runs = await asyncio.gather(
-        run_candidate(engine, clip.samples, instruction, settings.max_new_tokens),
-        *(run_candidate(engine, audio, instruction, settings.max_new_tokens) for audio in companions),
-    )
-    diverging = [run["token_ids"] for run in (candidate, runs[0]) if run["token_ids"] != reference["token_ids"]]
+    sizes = (engine.data_parallel_size, settings.batch_size)
+    ranks = [
+        await run_rank(engine, clip, instruction, settings, rank=rank, sizes=sizes, say=say)
+        for rank in rank_pins(engine.data_parallel_size)
+    ]
+    diverging = [
+        run["token_ids"] for rank in ranks for run in (rank.single, rank.batch[0])
+        if run["token_ids"] != reference["token_ids"]
+    ]
     forced = await score_candidates(
         model_dir=reference_dir, clip=clip, instruction=instruction, settings=settings, sequences=diverging,
         progress=say,
     )
-    single = _compare(reference, candidate, forced, settings, engine.token_text)
-    say(f"candidate: {single.verdict} ({single.explanation})")
-    batched = _compare(reference, runs[0], forced, settings, engine.token_text)
-    say(f"batch: {batched.verdict} ({batched.explanation})")
+    for rank in ranks:
+        rank.compare(reference, forced, settings, engine.token_text, say)
+    candidate, runs = ranks[0].single, ranks[0].batch
+    single, batched = combined_verdict([r.single_parity for r in ranks]), combined_verdict([r.batched_parity for r in ranks])
 
     device = identity.get("runtime", {}).get("accelerator", {}).get("kind", "cpu")
     body: dict[str, Any] = {
@@ -428,6 +518,9 @@ async def qualify(
             },
         },
     }
+    if engine.data_parallel_size > 1:
+        devices = {entry["rank"]: entry["devices"] for entry in await engine.rank_devices()}
+        body["ranks"] = [rank.as_record(forced, devices.get(rank.rank or 0)) for rank in ranks]
     divergence = single.first_divergence
     if divergence is not None and divergence.position < len(reference["top2"]):
         body["reference"]["top2_at_divergence"] = reference["top2"][divergence.position]

@@ -17,7 +17,7 @@ from qualification.clip import FROZEN_CLIP_PATH
 from qualification.records import RecordStore, fingerprint_of
 from qualification.runner import qualify
 from service.engine.protocol import TranscriptionEngine
-from service.identity import resolve_identity
+from service.identity import rank_identity, resolve_identity
 from service.qualification_board import QualificationBoard
 from service.settings import GatewaySettings
 from service.state import GatewayState
@@ -40,6 +40,8 @@ async def resolve_backend_identity(state: GatewayState) -> None:
     assert engine is not None
     description = dict(engine.describe())
     description["attention_backends"] = await engine.attention_backends()
+    # Which devices serve, per data-parallel rank (a GPU's UUID stays out: see `identity.rank_identity`).
+    description["ranks"] = rank_identity(await engine.rank_devices())
     model_dir = Path(engine.model_dir)
     identity = await asyncio.to_thread(
         resolve_identity, engine_description=description, model_dir=model_dir, revision=state.settings.engine.revision

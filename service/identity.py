@@ -181,3 +181,28 @@ def resolve_identity(*, engine_description: dict[str, Any], model_dir: Path, rev
         "checkpoint": checkpoint_identity(model_dir, revision=revision),
         "prompt": prompt_identity(),
     }
+
+
+#: Per-worker device facts that name one physical GPU rather than a kind of backend.
+HOST_SPECIFIC_DEVICE_FACTS = ("uuid", "pci_bus_id")
+
+
+def rank_identity(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The data-parallel ranks and their devices, as far as they can change the output.
+
+    Kind, name, index and the visible-devices mapping are kept: a different GPU
+    model or rank layout is a different backend. A GPU's UUID and bus ID are
+    left out, so that two hosts of the same make still share a fingerprint (each
+    replica still needs its own sealed record); the qualification record keeps
+    them, as evidence of which GPU each rank's parity ran on.
+    """
+    return [
+        {
+            "rank": int(rank["rank"]),
+            "devices": [
+                {k: v for k, v in device.items() if k not in HOST_SPECIFIC_DEVICE_FACTS} if isinstance(device, dict) else device
+                for device in rank["devices"]
+            ],
+        }
+        for rank in ranks
+    ]

@@ -34,6 +34,7 @@ class FakeEngine:
         max_model_len: int = 4096,
         token_delay_s: float = 0.0,
         model_dir: Path | None = None,
+        data_parallel_size: int = 1,
     ) -> None:
         self.script = script
         self.max_model_len = max_model_len
@@ -48,6 +49,7 @@ class FakeEngine:
         self.started = False
         self.tokens_generated = 0
         self.load_time_s = 0.0
+        self.data_parallel_size = data_parallel_size
 
     def start(self) -> None:
         self.started = True
@@ -77,6 +79,9 @@ class FakeEngine:
         if top > 0 and token != EOS:
             step[EOS] = math.log(0.05)
         return step
+
+    async def rank_devices(self) -> list[dict[str, Any]]:
+        return [{"rank": r, "devices": [{"kind": "fake", "index": r}]} for r in range(self.data_parallel_size)]
 
     def num_running_requests(self) -> int:
         return len(self.running)

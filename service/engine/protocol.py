@@ -34,6 +34,10 @@ class GenerationRequest:
     #: False: the engine reports only the final output (no per-token updates to the gateway's event
     #: loop, which costs throughput at high concurrency); True for streams, progress and evidence.
     stream_deltas: bool = True
+    #: With vLLM data parallelism: the engine copy (rank) that runs this request; None lets vLLM
+    #: balance. Qualification pins its runs to each rank in turn, and the chunked track spreads a
+    #: long program's chunks over the ranks, so that every GPU works on it at once.
+    data_parallel_rank: int | None = None
 
 
 @dataclass
@@ -101,6 +105,8 @@ class EngineInfo(Protocol):
     load_time_s: float | None
     #: The checkpoint directory the engine serves (hashed into the backend identity).
     model_dir: Path
+    #: vLLM data-parallel engine copies behind this one front end (1: no data parallelism).
+    data_parallel_size: int
 
 
 class TranscriptionEngine(EngineInfo, Protocol):
@@ -130,6 +136,13 @@ class TranscriptionEngine(EngineInfo, Protocol):
 
     async def attention_backends(self) -> list[str]:
         """The attention backends the engine's workers selected (part of the backend identity)."""
+        ...
+
+    async def rank_devices(self) -> list[dict[str, Any]]:
+        """Per data-parallel rank, in rank order: `{"rank": r, "devices": [...]}` as its workers report them.
+
+        Part of the backend identity: which GPUs (index, name, UUID) serve, not only how many.
+        """
         ...
 
     def num_running_requests(self) -> int: ...

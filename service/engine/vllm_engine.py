@@ -32,6 +32,7 @@ from service.engine.protocol import (
     GenerationRequest,
     GenerationUpdate,
 )
+from service.engine.ranks import rpc_each_rank
 from service.engine.worker_extension import WORKER_EXTENSION
 from service.prompt import PromptBuilder
 from service.settings import EngineSettings
@@ -109,6 +110,7 @@ class VllmTranscriptionEngine:
         self.kv_bytes_per_token_bf16 = kv_bytes_per_token_bf16(model_dir)
         self._special_ids: frozenset[int] = frozenset()
         self.load_time_s: float | None = None
+        self.data_parallel_size = int(settings.data_parallel_size)
 
     # -- start and stop -------------------------------------------------
     def engine_args(self) -> Any:
@@ -288,7 +290,9 @@ class VllmTranscriptionEngine:
         text_parts: list[str] = []
         finished = False
         try:
-            async for output in self._engine.generate(prompt, params, request.request_id):
+            async for output in self._engine.generate(
+                prompt, params, request.request_id, data_parallel_rank=request.data_parallel_rank
+            ):
                 completion = output.outputs[0]
                 new_ids = list(completion.token_ids)
                 if new_ids and timings.first_token is None:
@@ -342,6 +346,17 @@ class VllmTranscriptionEngine:
             logger.warning("could not read the attention backend from the workers: %s", exc)
             return ["unknown"]
         return sorted({name for names in per_worker for name in names})
+
+    async def rank_devices(self) -> list[dict[str, Any]]:
+        """Every data-parallel rank's workers' devices, asked of each rank's engine core."""
+        if self._engine is None:
+            return []
+        try:
+            per_rank = await rpc_each_rank(self._engine.engine_core, "moss_device", timeout=30)
+        except Exception as exc:  # the identity records that it could not be read
+            logger.warning("could not read the devices from the workers: %s", exc)
+            return [{"rank": rank, "devices": ["unknown"]} for rank in range(self.data_parallel_size)]
+        return [{"rank": rank, "devices": workers} for rank, workers in enumerate(per_rank)]
 
     def describe(self) -> dict[str, Any]:
         """Engine facts that can change the output (the identity issue extends this)."""

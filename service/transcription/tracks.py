@@ -56,7 +56,9 @@ class PassFactory:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
 
-    def build(self, job: TranscriptionJob, *, cut: Cut | None, budget: TokenBudget) -> EnginePass:
+    def build(
+        self, job: TranscriptionJob, *, cut: Cut | None, budget: TokenBudget, rank: int | None = None
+    ) -> EnginePass:
         engine = self.state.require_engine()
         settings = self.state.settings
         params = job.params
@@ -75,6 +77,7 @@ class PassFactory:
             want_logprobs=TOP_LOGPROBS if stats else (0 if params.include_logprobs else None),
             # Per-token updates only where someone reads them; final-only costs the event loop nothing per token.
             stream_deltas=(params.stream and cut is None) or params.capture_evidence,
+            data_parallel_rank=rank,
         )
         context = PassContext(
             engine=engine,
@@ -143,6 +146,16 @@ class NativeTrack:
         return single_pass_outcome(job, result, coverage_margin_s=self.coverage_margin_s)
 
 
+def chunk_rank(index: int, data_parallel_size: int) -> int | None:
+    """The data-parallel rank of chunk `index`: round robin over the ranks, None without data parallelism.
+
+    Why explicit: vLLM balances by the queue lengths it last saw, and a program's
+    chunks all arrive at once, before any rank reports load; pinning chunk i to
+    rank i % N puts an equal share of the program on every GPU from the start.
+    """
+    return index % data_parallel_size if data_parallel_size > 1 else None
+
+
 class ChunkedTrack:
     """Every chunk on the engine at once (bounded); segments stream as soon as no later chunk can change them."""
 
@@ -153,10 +166,11 @@ class ChunkedTrack:
 
     async def events(self, job: TranscriptionJob, plan: ChunkedPlan) -> AsyncIterator[PipelineEvent]:
         limit = asyncio.Semaphore(self.max_concurrent_chunks)
+        ranks = self.passes.state.require_engine().data_parallel_size
 
         async def run(cut: Cut, budget: TokenBudget) -> PassResult:
             async with limit:
-                return await self.passes.build(job, cut=cut, budget=budget).result()
+                return await self.passes.build(job, cut=cut, budget=budget, rank=chunk_rank(cut.index, ranks)).result()
 
         tasks = [asyncio.create_task(run(cut, budget)) for cut, budget in zip(plan.cuts.cuts, plan.chunk_budgets, strict=True)]
         results: list[PassResult | None] = [None] * len(tasks)

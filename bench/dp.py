@@ -1,0 +1,362 @@
+"""``python -m bench.dp``: data parallelism through the gateway (issue 17), dp=1 against dp=2.
+
+    python -m bench.dp run --model DIR --out dp.json [--repeats 3] [--program-dp 2,1] [engine options]
+    python -m bench.dp report dp.json [--plot docs/dp.png]
+    python -m bench.dp serve            # one gateway, settings from MOSS_GATEWAY_* (spawned by `run`)
+
+What runs: two gateways (`moss-gateway serve`'s app, each its own process with its
+own engine and state directory), **both up for the whole run**: dp=1 on GPU 0 and
+dp=2 on GPUs 0 and 1. They share GPU 0, so each engine gets an explicit KV cache
+(`--kv-cache-memory-bytes`) and a memory fraction that lets both fit side by side
+(`--gpu-memory-utilization`, 0.40 each by default; see bench/device/dp.sh). Running
+them side by side, not one after the other, is what lets one run interleave the
+repeats (the spread between hosts and runs is up to 25 %, bench-host.md): only one
+block runs at a time, so neither engine computes while the other is measured.
+
+Blocks, interleaved: in repetition r, the (cell, dp) blocks run in an order rotated
+by r (`schedule`). Cells: ``short-12s-c128`` (128 concurrent streams of 12 s noise
+clips, 153 tokens forced with ignore_eos, the throughput protocol's shape, one
+request per stream) and ``program-chunked`` (the 2861.5 s program through the
+chunked track, ignore_eos, the program's 36,492 tokens split evenly over the chunks).
+Each block is one row: cell, path (always ``gateway``), repeat, wall_s, requests, dp.
+The summary gives per cell and dp the median wall time and throughput, and per
+repetition the dp=2 / dp=1 throughput ratio of the short cell (target >= 1.9) and
+the program's wall time on dp=2 (target <= 8 s).
+
+The gateways open only on a passing qualification unless ``--allow-unqualified`` is
+given (the default of the device script, random weights): then the `serve` process
+opens its gate as ``bench-unqualified`` and every answer says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from bench.protocol import rotation
+from bench.workloads import PROGRAM_DURATION_S, PROGRAM_OUTPUT_TOKENS, noise_pcm16, write_wav
+
+logger = logging.getLogger("bench.dp")
+
+SHORT_CELL = "short-12s-c128"
+PROGRAM_CELL = "program-chunked"
+SHORT_AUDIO_S, SHORT_STREAMS, SHORT_TOKENS = 12.0, 128, 153
+TARGET_RATIO, TARGET_PROGRAM_S = 1.9, 8.0
+UNQUALIFIED_ID = "bench-unqualified"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the logic (unit-tested on CPU) ---------------------------------------------------------------
+
+
+def blocks(*, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1)) -> list[str]:
+    """Every (cell, dp) block of one repetition, as `cell@dp` names."""
+    return [f"{SHORT_CELL}@{dp}" for dp in short_dps] + [f"{PROGRAM_CELL}@{dp}" for dp in program_dps]
+
+
+def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str, int]]:
+    """(repeat, cell, dp) in run order: every block in every repetition, the order rotated by one per repetition."""
+    out = []
+    for repeat in range(repeats):
+        for name in rotation(list(names), repeat):
+            cell, dp = name.rsplit("@", 1)
+            out.append((repeat, cell, int(dp)))
+    return out
+
+
+def dp_row(*, cell: str, repeat: int, wall_s: float, requests: int, dp: int, ok: int, audio_s: float) -> dict[str, Any]:
+    """One block's row: the fields issue 17 names, plus what the summary needs."""
+    return {
+        "cell": cell, "path": "gateway", "repeat": repeat, "wall_s": round(wall_s, 4), "requests": requests,
+        "dp": dp, "ok": ok, "audio_s": audio_s,
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per (cell, dp), the per-repetition dp=2/dp=1 ratio of the short cell, and the targets."""
+    cells: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = cells.setdefault(row["cell"], {}).setdefault(str(row["dp"]), {"wall_s": [], "audio_s_per_s": []})
+        entry["wall_s"].append(row["wall_s"])
+        if row["ok"] == row["requests"] and row["wall_s"] > 0:
+            entry["audio_s_per_s"].append(row["audio_s"] * row["requests"] / row["wall_s"])
+    for per_dp in cells.values():
+        for entry in per_dp.values():
+            entry["median_wall_s"] = median(entry["wall_s"]) if entry["wall_s"] else None
+            entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
+    ratios = _ratios(rows)
+    program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
+    short_ratio = median(ratios) if ratios else None
+    return {
+        "cells": cells,
+        "short_ratio_per_repeat": ratios,
+        "short_ratio_median": short_ratio,
+        "program_dp2_median_s": program,
+        "targets": {
+            "short_ratio": {"target": TARGET_RATIO, "met": None if short_ratio is None else short_ratio >= TARGET_RATIO},
+            "program_dp2_s": {"target": TARGET_PROGRAM_S, "met": None if program is None else program <= TARGET_PROGRAM_S},
+        },
+    }
+
+
+def _ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """Per repetition with both short blocks complete: dp=2 throughput over dp=1's (same requests: wall ratio)."""
+    walls: dict[int, dict[int, float]] = {}
+    for row in rows:
+        if row["cell"] == SHORT_CELL and row["ok"] == row["requests"]:
+            walls.setdefault(row["repeat"], {})[row["dp"]] = row["wall_s"]
+    return [round(w[1] / w[2], 4) for _, w in sorted(walls.items()) if 1 in w and 2 in w and w[2] > 0]
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The markdown table for docs/benchmarks.md."""
+    lines = ["| cell | dp | median wall (s) | median audio-s/s | walls (s) |", "| --- | --- | --- | --- | --- |"]
+    for cell, per_dp in summary["cells"].items():
+        for dp, entry in sorted(per_dp.items()):
+            rate = entry["median_audio_s_per_s"]
+            lines.append(
+                f"| {cell} | {dp} | {entry['median_wall_s']:.2f} | {'-' if rate is None else f'{rate:.0f}'} | "
+                f"{', '.join(f'{w:.2f}' for w in entry['wall_s'])} |"
+            )
+    ratio, program = summary["short_ratio_median"], summary["program_dp2_median_s"]
+    lines.append("")
+    lines.append(f"dp=2 / dp=1 at {SHORT_STREAMS} streams: median {_fmt(ratio)}x (target >= {TARGET_RATIO}x), "
+                 f"per repetition {summary['short_ratio_per_repeat']}; program on dp=2: median {_fmt(program)} s "
+                 f"(target <= {TARGET_PROGRAM_S:g} s).")
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def plot(summary: dict[str, Any], out: Path) -> Path:
+    """Bars: median audio-s/s of the short cell and median program wall time, per dp."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    for axis, cell, key, label in (
+        (left, SHORT_CELL, "median_audio_s_per_s", f"audio-s/s, {SHORT_STREAMS} x 12 s"),
+        (right, PROGRAM_CELL, "median_wall_s", "program wall (s), chunked"),
+    ):
+        per_dp = summary["cells"].get(cell, {})
+        dps = sorted(per_dp)
+        axis.bar([f"dp={dp}" for dp in dps], [per_dp[dp][key] or 0 for dp in dps], color=["#888", "#36c"][: len(dps)])
+        axis.set_title(label)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def program_chunk_tokens() -> int:
+    """The program's output tokens split evenly over the chunks the gateway will cut (its own default policy)."""
+    from bench.program import chunk_budget
+    from bench.workloads import pcm16_to_float
+    from service.longform import plan_cuts
+    from service.longform.policy import ChunkingPolicy
+    from service.settings import GatewaySettings
+
+    policy = ChunkingPolicy(**GatewaySettings().chunking_defaults())
+    cuts = plan_cuts(pcm16_to_float(noise_pcm16(PROGRAM_DURATION_S, 7)), 16_000, policy=policy, audio_sha256="bench")
+    return chunk_budget(PROGRAM_OUTPUT_TOKENS, len(cuts.cuts))
+
+
+# -- one gateway (spawned by `run`) ---------------------------------------------------------------
+
+
+def serve(allow_unqualified: bool) -> int:
+    """The gateway's own app and serve path; only the gate hook differs (bench-only opening if allowed)."""
+    from service.app import create_app
+    from service.gate import open_gate_from_records
+    from service.server import run_server
+    from service.settings import GatewaySettings
+
+    settings = GatewaySettings()
+
+    async def on_ready(state: Any) -> None:
+        await open_gate_from_records(state)
+        if not state.gate.open and allow_unqualified:
+            logger.warning("gate closed (%s): opened for the benchmark only as %s", state.gate.reason, UNQUALIFIED_ID)
+            state.gate.open, state.gate.qualification_id, state.gate.verdict = True, UNQUALIFIED_ID, "unqualified"
+
+    app = create_app(settings, on_ready=on_ready)
+    return run_server(app, settings, host="127.0.0.1", port=settings.server.port, log_level="warning")
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> dict[str, str]:
+    """The environment of one gateway: same engine settings for both, only dp and the devices differ."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_GATEWAY_")}
+    env.update({
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(dp)),
+        "MOSS_GATEWAY_STATE_DIR": str(Path(args.state_dir) / f"dp{dp}"),
+        "MOSS_GATEWAY_ENGINE__MODEL": str(args.model),
+        "MOSS_GATEWAY_SERVER__PORT": str(port),
+        "MOSS_GATEWAY_SERVER__ADMIN_TOKEN": token,
+        "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(dp),
+        "MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN": str(args.max_model_len),
+        "MOSS_GATEWAY_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
+        "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
+        "MOSS_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": str(args.gpu_memory_utilization),
+        "MOSS_GATEWAY_ENGINE__KV_CACHE_MEMORY_BYTES": str(args.kv_cache_memory_bytes),
+        "MOSS_GATEWAY_AUDIO__MAX_DURATION_S": "3000",
+        "MOSS_GATEWAY_LONGFORM__MAX_DURATION_S": "3000",
+        "MOSS_GATEWAY_LIMITS__MAX_CONCURRENT_REQUESTS": str(SHORT_STREAMS),
+        "MOSS_GATEWAY_LIMITS__MAX_QUEUED_REQUESTS": str(SHORT_STREAMS),
+        "MOSS_GATEWAY_QUALIFICATION__QUALIFY_ON_START": "false",
+    })
+    return env
+
+
+async def _client(spec: dict[str, Any], work: Path, label: str) -> dict[str, Any]:
+    """One block through `python -m bench.client` (its own process: the load shares no GIL with anything)."""
+    spec_path, out_path = work / f"{label}-spec.json", work / f"{label}-out.json"
+    spec_path.write_text(json.dumps(spec))
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.client", str(spec_path), str(out_path), cwd=str(REPO_ROOT))
+    await process.wait()
+    result: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {"wall_s": 0.0, "records": []}
+    return result
+
+
+def block_spec(cell: str, *, url: str, token: str, files: dict[str, list[str]], program_tokens: int) -> dict[str, Any]:
+    """The client spec of one block: 128 x 12 s at 153 tokens, or the program once through the chunked track.
+
+    `program_tokens` is per chunk (the gateway applies max_completion_tokens to each chunk).
+    """
+    base = {"url": url, "token": token, "requests_per_worker": 1, "response_format": "json"}
+    if cell == SHORT_CELL:
+        return {**base, "files": files[SHORT_CELL], "concurrency": SHORT_STREAMS, "output_tokens": SHORT_TOKENS}
+    return {
+        **base, "files": files[PROGRAM_CELL], "concurrency": 1, "output_tokens": program_tokens,
+        "chunking_strategy": json.dumps({"type": "server_vad"}),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    token = os.urandom(16).hex()
+    dps = sorted({1, 2})
+    ports = {dp: 18000 + dp for dp in dps}
+    result: dict[str, Any] = {"kind": "dp", "rows": [], "args": {k: str(v) for k, v in vars(args).items()}}
+    procs = {
+        dp: subprocess.Popen(
+            [sys.executable, "-m", "bench.dp", "serve", *(["--allow-unqualified"] if args.allow_unqualified else [])],
+            cwd=str(REPO_ROOT), env=gateway_env(args, dp=dp, port=ports[dp], token=token),
+            stdout=open(work / f"gateway-dp{dp}.log", "wb"), stderr=subprocess.STDOUT,
+        )
+        for dp in dps
+    }
+    files = {
+        SHORT_CELL: [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i))) for i in range(SHORT_STREAMS)],
+        PROGRAM_CELL: [str(write_wav(work / "program.wav", noise_pcm16(PROGRAM_DURATION_S, 7)))],
+    }
+    try:
+        started = time.monotonic()
+        for dp, port in ports.items():
+            while True:
+                assert procs[dp].poll() is None, f"gateway dp={dp} exited; see {work}/gateway-dp{dp}.log"
+                assert time.monotonic() - started < args.start_timeout_s, f"gateway dp={dp} not ready"
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(1)
+            result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
+        result["ready_s"] = time.monotonic() - started
+        per_chunk = program_chunk_tokens()
+        result["program_tokens_per_chunk"] = per_chunk
+        names = blocks(program_dps=args.program_dp)
+        for dp in dps:  # warm-up: every shape once on each gateway, not measured
+            for cell in (SHORT_CELL, PROGRAM_CELL):
+                spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
+                await _client({**spec, "concurrency": 1, "files": spec["files"][:1], "output_tokens": 16}, work, f"warm{dp}")
+        for repeat, cell, dp in schedule(names, args.repeats):
+            if time.monotonic() - started > args.deadline_s:
+                result.setdefault("skipped", []).append(f"{cell}@{dp} repeat {repeat}: past the deadline")
+                continue
+            spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files,
+                              program_tokens=per_chunk)
+            answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
+            records = answer.get("records", [])
+            audio_s = SHORT_AUDIO_S if cell == SHORT_CELL else PROGRAM_DURATION_S
+            result["rows"].append(dp_row(cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)),
+                                         requests=len(spec["files"]), dp=dp,
+                                         ok=sum(1 for r in records if r.get("status") == 200), audio_s=audio_s))
+            Path(args.out).write_text(json.dumps(result, indent=1))
+            logger.info("%s", result["rows"][-1])
+    finally:
+        for process in procs.values():
+            process.terminate()
+        for process in procs.values():
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    result["summary"] = summarize(result["rows"])
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(render(result["summary"]))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dp", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--program-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[2, 1],
+                   help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
+    r.add_argument("--state-dir", default="/tmp/bench-dp-state")
+    r.add_argument("--work-dir", default="/tmp/bench-dp-work")
+    r.add_argument("--max-model-len", type=int, default=131072)
+    r.add_argument("--max-num-batched-tokens", type=int, default=40960)
+    r.add_argument("--max-num-seqs", type=int, default=128)
+    r.add_argument("--gpu-memory-utilization", type=float, default=0.40)
+    r.add_argument("--kv-cache-memory-bytes", type=int, default=24 << 30)
+    r.add_argument("--start-timeout-s", type=float, default=300.0)
+    r.add_argument("--deadline-s", type=float, default=480.0)
+    r.add_argument("--allow-unqualified", action="store_true")
+    p = sub.add_parser("report")
+    p.add_argument("file", type=Path)
+    p.add_argument("--plot", type=Path, default=None)
+    s = sub.add_parser("serve")
+    s.add_argument("--allow-unqualified", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return serve(args.allow_unqualified)
+    if args.command == "report":
+        data = json.loads(args.file.read_text())
+        summary = summarize(data["rows"])
+        print(render(summary))
+        if args.plot:
+            print(f"wrote {plot(summary, args.plot)}", file=sys.stderr)
+        return 0
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
