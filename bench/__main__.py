@@ -83,6 +83,9 @@ def _add_throughput(sub: argparse._SubParsersAction) -> None:
         "--api-server-count", type=int, default=None, help="vllm serve --api-server-count (unset: its default, 1)"
     )
     p.add_argument("--serve-log", type=Path, default=None, help="vllm serve's log (default: next to --out)")
+    p.add_argument(
+        "--api-processes", type=int, default=4, help="front-end processes of the gateway-mp path (server.api_processes)"
+    )
     _add_engine_options(p)
     p.set_defaults(workload=["protocol"])
 

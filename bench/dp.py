@@ -194,6 +194,13 @@ def serve(allow_unqualified: bool) -> int:
             logger.warning("gate closed (%s): opened for the benchmark only as %s", state.gate.reason, UNQUALIFIED_ID)
             state.gate.open, state.gate.qualification_id, state.gate.verdict = True, UNQUALIFIED_ID, "unqualified"
 
+    if settings.server.api_processes > 1:  # the front-end processes of service/frontends.py, same gate logic
+        from bench.gateway_mp import open_gate_for_benchmark
+        from service.frontends import serve_frontends
+
+        if not allow_unqualified:
+            return serve_frontends(settings)
+        return serve_frontends(settings, on_ready=open_gate_for_benchmark)
     app = create_app(settings, on_ready=on_ready)
     return run_server(app, settings, host="127.0.0.1", port=settings.server.port, log_level="warning")
 
@@ -211,6 +218,7 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_SERVER__PORT": str(port),
         "MOSS_GATEWAY_SERVER__ADMIN_TOKEN": token,
         "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(dp),
+        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(args.api_processes),
         "MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN": str(args.max_model_len),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
@@ -326,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--api-processes", type=int, default=4, help="front-end processes of each gateway (server.api_processes)")
     r.add_argument("--program-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[2, 1],
                    help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
     r.add_argument("--state-dir", default="/tmp/bench-dp-state")

@@ -24,10 +24,12 @@ from typing import Any
 #: `gateway`: the real gateway over HTTP on loopback; `vllm-serve`: vLLM's own OpenAI server
 #: (a separate process on the same engine settings), its transcription endpoint.
 PATHS = ("direct", "gateway", "vllm-serve")
+#: The gateway as deployed with several front-end processes on its own engine (bench/gateway_mp.py).
+MULTIPROCESS_PATH = "gateway-mp"
 #: Diagnostic paths (`--paths` may name them; not part of the ratios): `direct-top5` is `direct` asking
 #: for the top-5 log-probabilities of every token, `gateway-verbose` the gateway asked for
 #: `verbose_json` -- the pair the benchmark compared before this protocol (see docs/benchmarks.md).
-EXTRA_PATHS = ("direct-top5", "gateway-verbose")
+EXTRA_PATHS = ("direct-top5", "gateway-verbose", MULTIPROCESS_PATH)
 MIN_REPEATS = 3
 
 #: The ratios the report gives: (name, numerator path, denominator path).
@@ -35,6 +37,8 @@ RATIOS = (
     ("gateway/direct", "gateway", "direct"),
     ("gateway/vllm-serve", "gateway", "vllm-serve"),
     ("vllm-serve/direct", "vllm-serve", "direct"),
+    ("gateway-mp/direct", MULTIPROCESS_PATH, "direct"),
+    ("gateway-mp/vllm-serve", MULTIPROCESS_PATH, "vllm-serve"),
 )
 
 
@@ -245,22 +249,23 @@ def _ratio(entry: dict[str, Any] | None) -> str:
 
 
 def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
-    """One line a cell: median audio-s/s per path (min-max), the median ratios with their spread."""
+    """One line a cell: median audio-s/s per path (min-max), the median ratios with their spread.
+
+    The gateway-mp path and its ratios get columns only when some cell measured it."""
+    extra = tuple(p for p in EXTRA_PATHS if p == MULTIPROCESS_PATH and any(p in s["paths"] for s in summaries))
+    paths = (*PATHS, *extra)
+    ratios = [r for r in RATIOS if r[1] in paths and r[2] in paths]
     header = [
         "cell",
-        "direct audio-s/s",
-        "gateway audio-s/s",
-        "vllm-serve audio-s/s",
-        "gateway/direct median (min-max; IQR; n)",
-        "gateway/vllm-serve",
-        "vllm-serve/direct",
+        *(f"{path} audio-s/s" for path in paths),
+        *(f"{label} median (min-max; IQR; n)" if n == 0 else label for n, (label, _, _) in enumerate(ratios)),
         "gateway own time per request (latency - direct's, median) / direct latency",
-        "process CPU ms/request direct / gateway / vllm-serve",
+        f"process CPU ms/request {' / '.join(paths)}",
     ]
     lines = []
     for s in summaries:
         cols = [s["cell"]]
-        for path in PATHS:
+        for path in paths:
             entry = s["paths"].get(path)
             if entry is None:
                 cols.append("-")
@@ -268,12 +273,12 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
             t = entry["audio_s_per_s"]
             flag = "" if entry["forced_length_ok"] else " (!length)"
             cols.append(f"{_fmt(t['median'])} ({_fmt(t['min'])}-{_fmt(t['max'])}){flag}")
-        for label, _, _ in RATIOS:
+        for label, _, _ in ratios:
             cols.append(_ratio(s["ratios"].get(label)))
         share = s.get("gateway_extra_latency_share")
-        extra = s.get("gateway_extra_latency_s") or {}
-        cols.append("-" if share is None else f"{extra['median'] * 1000:+.1f} ms = {share * 100:+.2f} %")
-        cols.append(" / ".join(_fmt(s["paths"].get(p, {}).get("cpu_ms_per_request")) for p in PATHS))
+        extra_latency = s.get("gateway_extra_latency_s") or {}
+        cols.append("-" if share is None else f"{extra_latency['median'] * 1000:+.1f} ms = {share * 100:+.2f} %")
+        cols.append(" / ".join(_fmt(s["paths"].get(p, {}).get("cpu_ms_per_request")) for p in paths))
         lines.append(cols)
     if markdown:
         out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]

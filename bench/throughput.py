@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import EngineBench, _free_port, _runner, estimate_cell_s
-from bench.protocol import MIN_REPEATS, block_row, schedule, summarize_cells
+from bench.protocol import MIN_REPEATS, MULTIPROCESS_PATH, block_row, schedule, summarize_cells
 from bench.workloads import Cell, describe_cell, pcm16_to_float, write_wav
 
 logger = logging.getLogger("bench")
@@ -91,6 +91,22 @@ class ThroughputBench(EngineBench):
             self.serve_model = served_model_name(settings)
             self.serve_note.update(argv=argv, log=str(log), model=self.serve_model)
 
+        self.mp: Any = None
+        self.mp_ready = False
+        self.mp_note: dict[str, Any] = {}
+        self.result["gateway_mp"] = self.mp_note
+        if any(MULTIPROCESS_PATH in c.paths for c in cells):
+            from bench.gateway_mp import GatewayProcesses
+
+            count = int(getattr(args, "api_processes", None) or 4)
+            log = out_path.with_name(out_path.stem + "-gateway-mp.log")
+            self.mp = GatewayProcesses(self.settings(), api_processes=count, port=_free_port(), log_path=log)
+            self.mp_note.update(api_processes=count, log=str(log))
+            self.result["protocol"][MULTIPROCESS_PATH] = (
+                f"the gateway with {count} front-end processes on its own engine core (same settings), "
+                "one process group for the whole run"
+            )
+
     def _drop_serve(self, reason: str) -> None:
         logger.warning("vllm-serve path skipped: %s", reason)
         self.serve_note["skipped"] = reason
@@ -108,13 +124,36 @@ class ThroughputBench(EngineBench):
     async def run(self) -> dict[str, Any]:
         if self.serve is not None:
             self.serve.start()  # loads while the in-process engine loads
+        if self.mp is not None:
+            self.mp.start()
         try:
             return await super().run()
         finally:
             if self.serve is not None:
                 self.serve_note["ready_s"] = self.serve.ready_s
                 await asyncio.to_thread(self.serve.stop)
-                self._save()
+            if self.mp is not None:
+                self.mp_note["ready_s"] = self.mp.ready_s
+                await asyncio.to_thread(self.mp.stop)
+            self._save()
+
+    async def _ensure_mp(self) -> bool:
+        if self.mp is None:
+            return False
+        if self.mp_ready:
+            return True
+        try:
+            await self.mp.wait_ready(self.args.start_timeout_s)
+            self.mp_ready = True
+            return True
+        except Exception as exc:
+            self.mp_note["error"] = f"{type(exc).__name__}: {exc}"[-4000:]
+            logger.warning("%s path skipped: %s", MULTIPROCESS_PATH, exc)
+            self.result["skipped"].append(f"{MULTIPROCESS_PATH}: did not start ({type(exc).__name__})")
+            await asyncio.to_thread(self.mp.stop)
+            self.mp = None
+            self.cells = [_without(c, MULTIPROCESS_PATH) for c in self.cells]
+            return False
 
     async def _ensure_serve(self) -> bool:
         if self.serve is None:
@@ -136,6 +175,8 @@ class ThroughputBench(EngineBench):
 
         if "vllm-serve" in cell.paths and not await self._ensure_serve():
             cell = _without(cell, "vllm-serve")
+        if MULTIPROCESS_PATH in cell.paths and not await self._ensure_mp():
+            cell = _without(cell, MULTIPROCESS_PATH)
         logger.info("cell %s, %d repetitions", describe_cell(cell), self.repeats)
         instruction = build_instruction(None, ())
         engine = state.engine
@@ -186,6 +227,7 @@ class ThroughputBench(EngineBench):
             audios = [pcm16_to_float(p) for p in pcms] if path.startswith("direct") else []
             tokens_before = await self.serve.generation_tokens() if path == "vllm-serve" else None
             serve_cpu = process_cpu_s(self.serve.process.pid) if path == "vllm-serve" else None
+            mp_cpu = self.mp.cpu_s() if path == MULTIPROCESS_PATH else None
             cpu_started, loop_started = time.process_time(), time.thread_time()
             if path.startswith("direct"):
                 wall, records = await self.direct_block(
@@ -221,6 +263,10 @@ class ThroughputBench(EngineBench):
                     generated = int(round(tokens_after - tokens_before))
                 after = process_cpu_s(self.serve.process.pid)
                 cpu_s = None if serve_cpu is None or after is None else after - serve_cpu
+                loop_cpu_s = None
+            if path == MULTIPROCESS_PATH:
+                mp_after = self.mp.cpu_s()
+                cpu_s = None if mp_cpu is None or mp_after is None else mp_after - mp_cpu
                 loop_cpu_s = None
             for f in files:
                 f.unlink(missing_ok=True)
@@ -269,6 +315,8 @@ class ThroughputBench(EngineBench):
             return {"response_format": "json"}  # what vllm serve is asked for too: no log-probabilities
         if path == "gateway-verbose":
             return {"response_format": "verbose_json"}  # top-5 log-probabilities per token, segment stats
+        if path == MULTIPROCESS_PATH and self.mp is not None:
+            return {"url": self.mp.url, "token": self.mp.token, "response_format": "json"}
         if path == "vllm-serve" and self.serve is not None:
             return {"url": self.serve.url, "token": None, "kind": "vllm", "model": self.serve_model, "stream": False}
         raise ValueError(f"no HTTP target for path {path}")

@@ -54,6 +54,7 @@ from setproctitle import setproctitle
 
 from service.admission import SharedSlots
 from service.app import (
+    ReadyHook,
     admission_slots,
     create_app,
     restart_delay_s,
@@ -79,10 +80,16 @@ NOT_CLIENT_ADDRESSES = ("client_count", "client_index", "api_server_loads")
 
 @dataclass(frozen=True)
 class FrontendArgs:
-    """What every front-end process receives (pickled by vLLM's spawn of the process)."""
+    """What every front-end process receives (pickled by vLLM's spawn of the process).
+
+    `on_ready` opens the gate once the engine client is up: the records (and
+    the start-up qualification) in the service; the benchmark passes its own
+    (bench/gateway_mp.py). A module-level function, so that it pickles by name.
+    """
 
     settings: GatewaySettings
     slots: SharedSlots
+    on_ready: ReadyHook = open_gate_from_records
 
 
 def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
@@ -101,7 +108,7 @@ def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, c
     app = create_app(
         own,
         engine_factory=functools.partial(vllm_engine_factory, frontend=client),
-        on_ready=open_gate_from_records,
+        on_ready=args.on_ready,
         slots=args.slots,
         metrics=GatewayMetrics(multiprocess=True),
         frontend=position,
@@ -129,9 +136,10 @@ async def keep_in_step(state: GatewayState) -> None:
 class FrontendSupervisor:
     """The parent: launches the engine core and the front ends, waits, restarts the group, stops it in order."""
 
-    def __init__(self, settings: GatewaySettings, sock: socket.socket) -> None:
+    def __init__(self, settings: GatewaySettings, sock: socket.socket, on_ready: ReadyHook) -> None:
         self.settings = settings
         self.sock = sock
+        self.on_ready = on_ready
         host, port = sock.getsockname()[:2]
         self.listen_address = f"http://{host}:{port}"
         self.stopping = False
@@ -199,7 +207,7 @@ class FrontendSupervisor:
             target=run_frontend,
             listen_address=self.listen_address,
             sock=self.sock,
-            args=FrontendArgs(settings=settings, slots=slots),
+            args=FrontendArgs(settings=settings, slots=slots, on_ready=self.on_ready),
         )
 
     def _wait(self, group: LaunchedEngine) -> str | None:
@@ -234,7 +242,7 @@ def listening_socket(settings: GatewaySettings) -> socket.socket:
     return socket.create_server((server.host, server.port), family=family, backlog=server.backlog)
 
 
-def serve_frontends(settings: GatewaySettings) -> int:
+def serve_frontends(settings: GatewaySettings, *, on_ready: ReadyHook = open_gate_from_records) -> int:
     """`moss-gateway serve` with `server.api_processes` > 1."""
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus  # vLLM's own directory and clean-up
@@ -244,6 +252,6 @@ def serve_frontends(settings: GatewaySettings) -> int:
     record_store_for(settings)  # the sealing key is made (or checked) once, here, before any front end reads it
     sock = listening_socket(settings)
     try:
-        return FrontendSupervisor(settings, sock).run()
+        return FrontendSupervisor(settings, sock, on_ready).run()
     finally:
         sock.close()

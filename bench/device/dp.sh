@@ -26,7 +26,8 @@
 # each with MEM_FRACTION (0.40) of the GPU and an explicit KV cache of KV_BYTES (24 GiB: 128 x ~450 tokens
 # x 114,688 B = 6.6 GB for the short cell; the program's chunks, spread over the ranks, well under it).
 # Only one block runs at a time, so the engine not measured is idle. REPEATS (3), PROGRAM_DP ("2,1"; "2"
-# to skip the dp=1 program when time is short) and DEADLINE_S (565) can be set.
+# to skip the dp=1 program when time is short), API_PROCESSES (4: each gateway's front-end processes,
+# service/frontends.py; 128 streams over two GPUs need more than one event loop) and DEADLINE_S (565).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
@@ -50,7 +51,7 @@ b)
   LEFT=$((DEADLINE - (SECONDS - T0)))
   rc=0
   timeout -k 10 "$LEFT" python3 -m bench.dp run --model "$CKPT" --out "$OUT/dp.json" --repeats "${REPEATS:-3}" \
-      --program-dp "${PROGRAM_DP:-2,1}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
+      --program-dp "${PROGRAM_DP:-2,1}" --api-processes "${API_PROCESSES:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true

@@ -25,9 +25,12 @@
 #       engine starts take about 2 minutes, the short cells about 2-3), hence its own call and its own
 #       two engine starts.
 #
-# Both engines share the GPU, so each gets an explicit KV cache (KV_BYTES, default 24 GiB: 600 s x 8 needs
-# about 8 x 15.6k tokens x 114,688 B = 14.3 GB) and a memory fraction that lets the two fit side by side
-# (MEM_FRACTION 0.40 each). The vllm serve command line is derived from the gateway's own engine arguments
+# The engines share the GPU, so each gets an explicit KV cache (KV_BYTES, default 24 GiB: 600 s x 8 needs
+# about 8 x 15.6k tokens x 114,688 B = 14.3 GB) and a memory fraction that lets them fit side by side
+# (MEM_FRACTION 0.28 each: three engines, the in-process one of direct and gateway, gateway-mp's own, which
+# is the gateway with API_PROCESSES front-end processes (default 4, service/frontends.py), and vllm serve's).
+# PATHS picks the paths (default direct,gateway,gateway-mp,vllm-serve). On a 2-GPU host, run with
+# CUDA_VISIBLE_DEVICES=0 so that every engine shares one GPU as on the one-GPU host. The vllm serve command line is derived from the gateway's own engine arguments
 # (bench/vllm_serve.py), so both engines have the same settings. DEADLINE_S (default 565) bounds a call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,7 +38,10 @@ source bench/device/common.sh
 T0=$SECONDS
 DEADLINE=${DEADLINE_S:-565}
 KV_BYTES=${KV_BYTES:-25769803776}
-MEM_FRACTION=${MEM_FRACTION:-0.40}
+# Three engines side by side with the gateway-mp path (the in-process one, gateway-mp's, vllm serve's).
+MEM_FRACTION=${MEM_FRACTION:-0.28}
+PATHS=${PATHS:-direct,gateway,gateway-mp,vllm-serve}
+API_PROCESSES=${API_PROCESSES:-4}
 # The engine settings of common.sh, with the two-engine memory split instead of --gpu-memory-utilization 0.85.
 PROTOCOL_ARGS=(--model "$CKPT" --max-model-len 131072 --max-num-batched-tokens 40960 --max-num-seqs 64
                --max-duration-s 3000 --gpu-memory-utilization "$MEM_FRACTION" --kv-cache-memory-bytes "$KV_BYTES"
@@ -54,6 +60,7 @@ protocol() {  # $1: cells, $2: output file
   echo "protocol ($1) starts at $((SECONDS - T0)) s; hard limit ${LEFT} s, bench deadline ${BENCH_DEADLINE} s"
   rc=0
   timeout -k 10 "$LEFT" python3 -m bench throughput --cells "$1" --repeats "${REPEATS:-3}" "${PROTOCOL_ARGS[@]}" \
+      --paths "$PATHS" --api-processes "$API_PROCESSES" \
       --start-timeout-s 300 --deadline-s "$BENCH_DEADLINE" --out "$2" || rc=$?
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv || true
   echo "done in $((SECONDS - T0)) s (bench rc=$rc)"

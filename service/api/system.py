@@ -56,7 +56,7 @@ async def ready(request: Request) -> JSONResponse:
             reasons.append(f"engine unhealthy: {exc}")
     if not refresh_gate(state):
         reasons.append(f"backend not qualified: {state.gate.reason}")
-    body = {
+    body: dict[str, object] = {
         "ready": not reasons,
         "engine": state.engine_status.value,
         "qualified": state.gate.open,

@@ -62,9 +62,10 @@ def test_the_report_table_and_plot(tmp_path: Path) -> None:
 def test_the_two_gateways_differ_only_in_dp_and_devices() -> None:
     args = argparse.Namespace(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
-        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5,
+        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes=4,
     )
     one, two = (dp.gateway_env(args, dp=d, port=1, token="t") for d in (1, 2))
     differ = {k for k in one.keys() | two.keys() if one.get(k) != two.get(k)}
     assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE", "MOSS_GATEWAY_STATE_DIR"}
     assert two["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert one["MOSS_GATEWAY_SERVER__API_PROCESSES"] == two["MOSS_GATEWAY_SERVER__API_PROCESSES"] == "4"

@@ -58,7 +58,7 @@ def _rows(walls: dict[str, list[float]], cell_name: str = "short-12s-c16") -> li
     cell = protocol_cells([cell_name], paths=protocol.PATHS)[0]
     rows = []
     for repeat in range(len(walls["direct"])):
-        for position, path in enumerate(rotation(protocol.PATHS, repeat)):
+        for position, path in enumerate(rotation(tuple(walls), repeat)):
             tokens = cell.output_tokens if path != "vllm-serve" else None
             rows.append(
                 block_row(
@@ -165,6 +165,22 @@ def test_report_renders_the_protocol_table() -> None:
     text = report.render([{"kind": "throughput", "rows": rows, "skipped": []}], markdown=True)
     assert text.startswith("| cell |") and "short-12s-c16" in text
     assert "0.909 (0.864-0.955" in text  # median 2.0/2.2, min 1.9/2.2, max 2.1/2.2
+
+
+def test_the_multiprocess_gateway_gets_its_columns_only_when_measured() -> None:
+    walls = {"direct": [2.0, 2.0, 2.0], "gateway": [2.5, 2.5, 2.5], "vllm-serve": [2.1, 2.1, 2.1]}
+    without = report.render([{"kind": "throughput", "rows": _rows(walls), "skipped": []}], markdown=True)
+    assert "gateway-mp" not in without
+    rows = _rows({**walls, protocol.MULTIPROCESS_PATH: [2.04, 2.0, 1.96]})
+    [summary] = summarize_cells(rows)
+    assert summary["ratios"]["gateway-mp/direct"]["median"] == 1.0
+    assert round(summary["ratios"]["gateway-mp/vllm-serve"]["median"], 3) == round(2.1 / 2.0, 3)
+    text = report.render([{"kind": "throughput", "rows": rows, "skipped": []}], markdown=True)
+    header, _, line = text.splitlines()[:3]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    values = [c.strip() for c in line.strip("|").split("|")]
+    assert len(columns) == len(values)
+    assert values[columns.index("gateway-mp/direct")].startswith("1.000 (0.980-1.020")
 
 
 def test_protocol_cells_and_smoke() -> None:
