@@ -233,6 +233,24 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
     return env
 
 
+def every_frontend_ready(url: str, api_processes: int) -> bool:
+    """/ready answered 200 by every front-end process (each new connection lands on any of them)."""
+    import httpx
+
+    seen: set[int] = set()
+    for _ in range(8 * api_processes):
+        try:
+            response = httpx.get(f"{url}/ready", timeout=5, headers={"Connection": "close"})
+        except httpx.TransportError:
+            return False
+        if response.status_code != 200:
+            return False
+        seen.add(int((response.json().get("frontend") or {}).get("index", 0)))
+        if len(seen) >= api_processes:
+            return True
+    return False
+
+
 async def _client(spec: dict[str, Any], work: Path, label: str) -> dict[str, Any]:
     """One block through `python -m bench.client` (its own process: the load shares no GIL with anything)."""
     spec_path, out_path = work / f"{label}-spec.json", work / f"{label}-out.json"
@@ -284,11 +302,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             while True:
                 assert procs[dp].poll() is None, f"gateway dp={dp} exited; see {work}/gateway-dp{dp}.log"
                 assert time.monotonic() - started < args.start_timeout_s, f"gateway dp={dp} not ready"
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+                if every_frontend_ready(f"http://127.0.0.1:{port}", args.api_processes):
+                    break
                 await asyncio.sleep(1)
             result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
         result["ready_s"] = time.monotonic() - started
