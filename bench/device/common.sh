@@ -25,12 +25,19 @@ build_checkpoint() {
   cp "$CKPT/bench_checkpoint_build.json" "$OUT/" 2>/dev/null || true
 }
 
-# Join the two halves of the bundle (part 0 kept by call a, part 1 carried by this call), check and unpack
-# them into /tmp/site; nothing to do when an earlier call on this machine already unpacked it.
+# The bundle travels in parts (prepare.sh splits it in three, so that each call's carry stays under the
+# device tool's 64 MiB with the working tree): each call that carries a part keeps it in /tmp/bundle.
+keep_parts() {
+  cp .whl/site_all.tar.xz.part-* .whl/SHA256SUMS /tmp/bundle/ 2>/dev/null || true
+  ls /tmp/bundle
+}
+
+# Join the parts kept by earlier calls and carried by this one, check and unpack them into /tmp/site;
+# nothing to do when an earlier call on this machine already unpacked it.
 unpack_bundle() {
   if [ -d /tmp/site/vllm ]; then return; fi
-  cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
-  cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
+  keep_parts
+  cat /tmp/bundle/site_all.tar.xz.part-* > /tmp/bundle/site_all.tar.xz
   (cd /tmp/bundle && sha256sum -c SHA256SUMS)
   if command -v xz >/dev/null; then xz -dc -T0 /tmp/bundle/site_all.tar.xz | tar -xf - -C /tmp/site
   else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi

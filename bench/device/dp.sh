@@ -11,6 +11,8 @@
 #   run kind=nvidia-h200-x2 carry=[".whl/early", ".whl/site_all.tar.xz.part-0", ".whl/SHA256SUMS"]
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/dp.sh a 2>&1 | tee $OUT/a.log
 #   run kind=nvidia-h200-x2 carry=[".whl/site_all.tar.xz.part-1"]
+#       bash bench/device/dp.sh keep          (keeps part 1; within 30 s:)
+#   run kind=KIND carry=[".whl/site_all.tar.xz.part-2"]
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/dp.sh b 2>&1 | tee $OUT/b.log
 #
 #   a (about 60 s): keeps bundle part 0, installs the early wheels, builds the checkpoint.
@@ -35,8 +37,11 @@ T0=$SECONDS
 DEADLINE=${DEADLINE_S:-565}
 
 case "${1:-}" in
+keep)  # a call that only brings one more part of the bundle
+  keep_parts
+  ;;
 a)
-  cp .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS /tmp/bundle/
+  keep_parts
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl
   nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
   build_checkpoint

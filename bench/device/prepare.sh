@@ -2,7 +2,7 @@
 # Make the bundle the GPU host needs, here (it reaches no package index). Run from the repo root.
 # Result, in the ignored folder .whl/ (the device tool carries at most 64 MiB a call):
 #   .whl/early/*.whl                 soundfile, cffi, pycparser, typing_extensions, httptools (call 1)
-#   .whl/site_all.tar.xz.part-{0,1}  everything else, unpacked as `pip install --target` would, in two halves
+#   .whl/site_all.tar.xz.part-{0,1,2}  everything else, unpacked as `pip install --target` would, in three parts
 #   .whl/SHA256SUMS                  of the joined archive (checked on the host before unpacking)
 # The host already has Python 3.12, torch 2.11.0+cu130, transformers 5.17.0, numpy, httpx, tokenizers,
 # safetensors, prometheus-client, uvloop... (see .library/device/KINDS.md and shared/facts/bench-host.md).
@@ -40,10 +40,10 @@ rm -rf "$W"/site && python3 -m pip install -q --no-deps --no-compile --target "$
 rm -rf "$W"/site/bin "$W"/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$W"/site/vllm/_moe_C_stable_libtorch.abi3.so \
        "$W"/site/vllm/vllm-rs "$W"/site/vllm/third_party/deep_gemm/include "$W"/site/vllm/third_party/fmha_sm100/cutlass \
        "$W"/site/vllm/third_party/deep_gemm/_C.cpython-31[0134]-x86_64-linux-gnu.so
-# 4. One xz archive (about 118 MB), split in two halves that each fit a device call.
+# 4. One xz archive (about 118 MB), split in three parts: each fits a device call with the working tree.
 (cd "$W"/site && tar -cf - . | xz -9e -T0 > "$W"/site_all.tar.xz)
 (cd "$W" && sha256sum site_all.tar.xz) > .whl/SHA256SUMS
 rm -f .whl/site_all.tar.xz.part-*
-split -n 2 -d -a 1 "$W"/site_all.tar.xz .whl/site_all.tar.xz.part-
+split -n 3 -d -a 1 "$W"/site_all.tar.xz .whl/site_all.tar.xz.part-
 cp "$W"/early/*.whl .whl/early/
 ls -la .whl .whl/early

@@ -11,6 +11,8 @@
 #   run kind=nvidia-h200 carry=[".whl/early", ".whl/site_all.tar.xz.part-0", ".whl/SHA256SUMS"]
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/throughput.sh a 2>&1 | tee $OUT/a.log
 #   run kind=nvidia-h200 carry=[".whl/site_all.tar.xz.part-1"]
+#       bash bench/device/throughput.sh keep          (keeps part 1; within 30 s:)
+#   run kind=KIND carry=[".whl/site_all.tar.xz.part-2"]
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/throughput.sh b 2>&1 | tee $OUT/b.log
 #   run kind=nvidia-h200 carry=[]
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/throughput.sh c 2>&1 | tee $OUT/c.log
@@ -68,8 +70,11 @@ protocol() {  # $1: cells, $2: output file
 }
 
 case "${1:-}" in
+keep)  # a call that only brings one more part of the bundle
+  keep_parts
+  ;;
 a)
-  cp .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS /tmp/bundle/
+  keep_parts
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, torch.cuda.get_device_name(0))"
