@@ -49,8 +49,11 @@ from bench.workloads import PROGRAM_DURATION_S, PROGRAM_OUTPUT_TOKENS, noise_pcm
 logger = logging.getLogger("bench.dp")
 
 SHORT_CELL = "short-12s-c128"
+#: dp=2 at twice the streams: each rank then decodes the batch dp=1's one GPU decodes at 128 streams.
+SCALED_CELL = "short-12s-c256"
 PROGRAM_CELL = "program-chunked"
 SHORT_AUDIO_S, SHORT_STREAMS, SHORT_TOKENS = 12.0, 128, 153
+SCALED_STREAMS = 256
 TARGET_RATIO, TARGET_PROGRAM_S = 1.9, 8.0
 UNQUALIFIED_ID = "bench-unqualified"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +62,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # -- the logic (unit-tested on CPU) ---------------------------------------------------------------
 
 
-def blocks(*, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1)) -> list[str]:
-    """Every (cell, dp) block of one repetition, as `cell@dp` names."""
-    return [f"{SHORT_CELL}@{dp}" for dp in short_dps] + [f"{PROGRAM_CELL}@{dp}" for dp in program_dps]
+def blocks(
+    *, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1), scaled: bool = True
+) -> list[str]:
+    """Every (cell, dp) block of one repetition, as `cell@dp` names (the scaled cell runs on dp=2 only)."""
+    return (
+        [f"{SHORT_CELL}@{dp}" for dp in short_dps]
+        + ([f"{SCALED_CELL}@2"] if scaled else [])
+        + [f"{PROGRAM_CELL}@{dp}" for dp in program_dps]
+    )
 
 
 def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str, int]]:
@@ -95,12 +104,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             entry["median_wall_s"] = median(entry["wall_s"]) if entry["wall_s"] else None
             entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
     ratios = _ratios(rows)
+    scaled = _ratios(rows, numerator=SCALED_CELL)
     program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
     short_ratio = median(ratios) if ratios else None
     return {
         "cells": cells,
         "short_ratio_per_repeat": ratios,
         "short_ratio_median": short_ratio,
+        "scaled_ratio_per_repeat": scaled,
+        "scaled_ratio_median": median(scaled) if scaled else None,
         "program_dp2_median_s": program,
         "targets": {
             "short_ratio": {"target": TARGET_RATIO, "met": None if short_ratio is None else short_ratio >= TARGET_RATIO},
@@ -109,13 +121,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ratios(rows: list[dict[str, Any]]) -> list[float]:
-    """Per repetition with both short blocks complete: dp=2 throughput over dp=1's (same requests: wall ratio)."""
-    walls: dict[int, dict[int, float]] = {}
+def _ratios(rows: list[dict[str, Any]], *, numerator: str = SHORT_CELL) -> list[float]:
+    """Per repetition with both blocks complete: the throughput of `numerator` on dp=2 over the short cell's on dp=1.
+
+    With the short cell itself it is the issue's ratio at 128 streams (same requests: a wall-time ratio);
+    with the scaled cell, dp=2 at 256 streams over dp=1 at 128 (every GPU decoding the same batch).
+    """
+    rates: dict[int, dict[int, float]] = {}
     for row in rows:
-        if row["cell"] == SHORT_CELL and row["ok"] == row["requests"]:
-            walls.setdefault(row["repeat"], {})[row["dp"]] = row["wall_s"]
-    return [round(w[1] / w[2], 4) for _, w in sorted(walls.items()) if 1 in w and 2 in w and w[2] > 0]
+        complete = row["ok"] == row["requests"] and row["wall_s"] > 0
+        if complete and ((row["cell"] == SHORT_CELL and row["dp"] == 1) or (row["cell"] == numerator and row["dp"] == 2)):
+            rates.setdefault(row["repeat"], {})[row["dp"]] = row["requests"] / row["wall_s"]
+    return [round(r[2] / r[1], 4) for _, r in sorted(rates.items()) if 1 in r and 2 in r and r[1] > 0]
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -133,6 +150,9 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(f"dp=2 / dp=1 at {SHORT_STREAMS} streams: median {_fmt(ratio)}x (target >= {TARGET_RATIO}x), "
                  f"per repetition {summary['short_ratio_per_repeat']}; program on dp=2: median {_fmt(program)} s "
                  f"(target <= {TARGET_PROGRAM_S:g} s).")
+    if summary.get("scaled_ratio_median") is not None:
+        lines.append(f"dp=2 at {SCALED_STREAMS} streams / dp=1 at {SHORT_STREAMS} (the same batch on every GPU): "
+                     f"median {_fmt(summary['scaled_ratio_median'])}x, per repetition {summary['scaled_ratio_per_repeat']}.")
     return "\n".join(lines)
 
 
@@ -226,8 +246,8 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_ENGINE__KV_CACHE_MEMORY_BYTES": str(args.kv_cache_memory_bytes),
         "MOSS_GATEWAY_AUDIO__MAX_DURATION_S": "3000",
         "MOSS_GATEWAY_LONGFORM__MAX_DURATION_S": "3000",
-        "MOSS_GATEWAY_LIMITS__MAX_CONCURRENT_REQUESTS": str(SHORT_STREAMS),
-        "MOSS_GATEWAY_LIMITS__MAX_QUEUED_REQUESTS": str(SHORT_STREAMS),
+        "MOSS_GATEWAY_LIMITS__MAX_CONCURRENT_REQUESTS": str(SCALED_STREAMS),
+        "MOSS_GATEWAY_LIMITS__MAX_QUEUED_REQUESTS": str(SCALED_STREAMS),
         "MOSS_GATEWAY_QUALIFICATION__QUALIFY_ON_START": "false",
     })
     return env
@@ -269,6 +289,8 @@ def block_spec(cell: str, *, url: str, token: str, files: dict[str, list[str]], 
     base = {"url": url, "token": token, "requests_per_worker": 1, "response_format": "json"}
     if cell == SHORT_CELL:
         return {**base, "files": files[SHORT_CELL], "concurrency": SHORT_STREAMS, "output_tokens": SHORT_TOKENS}
+    if cell == SCALED_CELL:
+        return {**base, "files": files[SCALED_CELL], "concurrency": SCALED_STREAMS, "output_tokens": SHORT_TOKENS}
     return {
         **base, "files": files[PROGRAM_CELL], "concurrency": 1, "output_tokens": program_tokens,
         "chunking_strategy": json.dumps({"type": "server_vad"}),
@@ -292,8 +314,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for dp in dps
     }
+    scaled = [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i))) for i in range(SCALED_STREAMS)]
     files = {
-        SHORT_CELL: [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i))) for i in range(SHORT_STREAMS)],
+        SHORT_CELL: scaled[:SHORT_STREAMS],
+        SCALED_CELL: scaled,
         PROGRAM_CELL: [str(write_wav(work / "program.wav", noise_pcm16(PROGRAM_DURATION_S, 7)))],
     }
     try:
@@ -311,7 +335,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         result["program_tokens_per_chunk"] = per_chunk
         names = blocks(program_dps=args.program_dp)
         for dp in dps:  # warm-up: every shape once on each gateway, not measured
-            for cell in (SHORT_CELL, PROGRAM_CELL):
+            for cell in (SHORT_CELL, SCALED_CELL, PROGRAM_CELL):
                 spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
                 await _client({**spec, "concurrency": 1, "files": spec["files"][:1], "output_tokens": 16}, work, f"warm{dp}")
         for repeat, cell, dp in schedule(names, args.repeats):
@@ -322,7 +346,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                               program_tokens=per_chunk)
             answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
             records = answer.get("records", [])
-            audio_s = SHORT_AUDIO_S if cell == SHORT_CELL else PROGRAM_DURATION_S
+            audio_s = PROGRAM_DURATION_S if cell == PROGRAM_CELL else SHORT_AUDIO_S
             result["rows"].append(dp_row(cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)),
                                          requests=len(spec["files"]), dp=dp,
                                          ok=sum(1 for r in records if r.get("status") == 200), audio_s=audio_s))

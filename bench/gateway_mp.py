@@ -116,16 +116,19 @@ class GatewayProcesses:
         return False
 
     def cpu_s(self) -> float | None:
-        """User plus system CPU seconds of the whole group (parent, front ends, engine core, workers)."""
+        """User plus system CPU seconds of the parent and its front-end processes.
+
+        Not the engine core or its workers: `direct`'s figure is its one process
+        (the in-process engine's client side), whose engine core and workers are
+        child processes it does not count either; vLLM's busy loops there would
+        swamp the front ends' share.
+        """
         if self.process is None:
             return None
         try:
             root = psutil.Process(self.process.pid)
-            total = 0.0
-            for proc in [root, *root.children(recursive=True)]:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            return total
+            ours = [root, *(c for c in root.children() if "moss-gateway::frontend-" in " ".join(c.cmdline()))]
+            return sum(times.user + times.system for times in (proc.cpu_times() for proc in ours))
         except psutil.Error:
             return None
 

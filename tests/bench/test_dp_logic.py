@@ -11,10 +11,10 @@ from bench import dp
 def test_every_block_runs_in_every_repetition_in_a_rotated_order() -> None:
     names = dp.blocks()
     plan = dp.schedule(names, 3)
-    assert len(plan) == 12
+    assert len(plan) == 15
     for repeat in range(3):
         blocks = sorted((c, d) for r, c, d in plan if r == repeat)
-        assert blocks == sorted([(dp.SHORT_CELL, 1), (dp.SHORT_CELL, 2), (dp.PROGRAM_CELL, 2), (dp.PROGRAM_CELL, 1)])
+        assert blocks == sorted([(dp.SHORT_CELL, 1), (dp.SHORT_CELL, 2), (dp.SCALED_CELL, 2), (dp.PROGRAM_CELL, 2), (dp.PROGRAM_CELL, 1)])
     firsts = [next((c, d) for r, c, d in plan if r == repeat) for repeat in range(3)]
     assert len(set(firsts)) == 3  # no block always runs first
 
@@ -42,6 +42,16 @@ def test_the_ratio_is_per_repetition_and_the_targets_are_judged() -> None:
     assert summary["program_dp2_median_s"] == 7.9 and summary["targets"]["program_dp2_s"]["met"] is True
     cell = summary["cells"][dp.SHORT_CELL]["1"]
     assert cell["median_wall_s"] == 4.0 and round(cell["median_audio_s_per_s"]) == 384
+
+
+def test_the_scaled_ratio_compares_the_same_batch_per_gpu() -> None:
+    data = rows({1: [4.0, 4.0, 4.0], 2: [3.0, 3.0, 3.0]}, [])
+    for repeat, wall in enumerate([4.2, 4.0, 8.0]):
+        data.append(dp.dp_row(cell=dp.SCALED_CELL, repeat=repeat, wall_s=wall, requests=256, dp=2, ok=256, audio_s=12.0))
+    summary = dp.summarize(data)
+    assert summary["scaled_ratio_per_repeat"] == [round((256 / 4.2) / (128 / 4.0), 4), 2.0, 1.0]
+    assert summary["scaled_ratio_median"] == round((256 / 4.2) / (128 / 4.0), 4)
+    assert "dp=2 at 256 streams / dp=1 at 128" in dp.render(summary)
 
 
 def test_a_block_with_failed_requests_counts_for_no_ratio() -> None:
