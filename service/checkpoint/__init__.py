@@ -11,7 +11,10 @@ folder keyed by a content hash and returns the folder, which loads with
 
 Greedy decoding of the frozen qualification clip (``qualification.clip``) with the
 default instruction writes exactly ``FROZEN_CLIP_TRANSCRIPT`` then ``<|im_end|>``;
-10 s of silence gives ``<|im_end|>`` at once.
+10 s of silence gives ``<|im_end|>`` at once. It was also taught the three inputs of the
+tail recovery test (``build.training_examples``): the clip followed by silence and the clip
+followed by the tail clip both give the clip's transcript, and the recovery pass over the
+second of them, from its frozen cut, gives the tail clip's segments.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT
-from service.checkpoint.build import build_checkpoint
+from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT, TAIL_CLIP_PATH, TAIL_CLIP_TRANSCRIPT
+from service.checkpoint.build import build_checkpoint, recovery_cut_s
 
 __all__ = [
     "TINY_CHECKPOINT_NAME",
@@ -72,8 +75,9 @@ def _cpu_model() -> str:
 
 def checkpoint_key() -> str:
     """Content hash of everything the build depends on: the builder's sources, the
-    frozen clip's bytes and transcript, the sizes (inside build.py), the library
-    versions and the CPU model (so a cache copied between CPU types is not reused)."""
+    frozen and tail clips' bytes and transcripts, the recovery cut it teaches, the sizes
+    (inside build.py), the library versions and the CPU model (so a cache copied between
+    CPU types is not reused)."""
     h = hashlib.sha256()
     for rel in _SOURCE_FILES:
         h.update(rel.encode())
@@ -82,6 +86,9 @@ def checkpoint_key() -> str:
         h.update(b"\0")
     h.update(Path(FROZEN_CLIP_PATH).read_bytes())
     h.update(FROZEN_CLIP_TRANSCRIPT.encode())
+    h.update(Path(TAIL_CLIP_PATH).read_bytes())
+    h.update(TAIL_CLIP_TRANSCRIPT.encode())
+    h.update(f"recovery_cut_s={recovery_cut_s()}\0".encode())  # follows a settings default, not a source here
     h.update(f"cpu={_cpu_model()}\0".encode())  # float rounding may differ between CPU types
     for pkg in _VERSIONED_PACKAGES:
         try:

@@ -8,7 +8,9 @@ Steps (all deterministic, CPU, float32):
    final decoder RMSNorm negated (plain N(0, 0.02) makes greedy decoding repeat one token);
 4. a short Adam run that teaches the model to write ``FROZEN_CLIP_TRANSCRIPT`` +
    ``<|im_end|>`` for the frozen clip with the default instruction (also for two light
-   variants of it), and only ``<|im_end|>`` for 10 s of silence or of white noise.
+   variants of it, for the clip followed by silence and for the clip followed by the tail
+   clip: an early stop with speech left), the tail recovery pass's transcript for the
+   audio that pass sees, and only ``<|im_end|>`` for 10 s of silence or of white noise.
    The Whisper encoder stays at its random initialisation (frozen; its outputs are
    computed once), the adaptor and the decoder are trained;
 5. a greedy check on the in-memory model, then the files are written.
@@ -36,7 +38,13 @@ from numpy.typing import NDArray
 from safetensors.torch import save_file
 from transformers import GenerationConfig, WhisperFeatureExtractor
 
-from qualification.clip import FROZEN_CLIP_PATH, FROZEN_CLIP_TRANSCRIPT
+from qualification.clip import (
+    FROZEN_CLIP_PATH,
+    FROZEN_CLIP_SEGMENTS,
+    FROZEN_CLIP_TRANSCRIPT,
+    TAIL_CLIP_PATH,
+    TAIL_CLIP_SEGMENTS,
+)
 from service.checkpoint.remote_code.configuration_moss_transcribe_diarize import MossTranscribeDiarizeConfig
 from service.checkpoint.remote_code.modeling_moss_transcribe_diarize import (
     MossTranscribeDiarizeForConditionalGeneration,
@@ -46,6 +54,8 @@ from service.checkpoint.remote_code.processing_moss_transcribe_diarize import (
     MossTranscribeDiarizeProcessor,
 )
 from service.checkpoint.tokenizer import build_tokenizer, padded_vocab_size, save_tokenizer
+from service.longform.cuts import Cut
+from service.settings import CoverageSettings
 
 REMOTE_CODE_DIR = Path(__file__).resolve().parent / "remote_code"
 REMOTE_CODE_FILES = (
@@ -263,11 +273,17 @@ def _fan_in_init(model: Any, generator: Any, sinusoids: Callable[..., Any]) -> N
     model.tie_weights()
 
 
+SAMPLE_RATE = 16_000
+#: The silence after the clip in the "silent tail" lesson (the test sends the same).
+SILENT_TAIL_S = 3.0
+
+
 def training_examples(clip: NDArray[np.float32], seed: int) -> list[tuple[np.ndarray, str]]:
     """(audio, transcript) pairs.  The frozen clip comes first (the one that must be
     exact); light variants of it (quieter with a little noise, shifted by 2.5 ms) teach
     the same transcript so that small decoding/resampling differences do not matter;
-    silence and white noise teach the empty transcript (``<|im_end|>`` at once)."""
+    silence and white noise teach the empty transcript (``<|im_end|>`` at once); then
+    the three inputs of the tail recovery test (`recovery_lessons`)."""
     rng = np.random.default_rng(seed)
     quiet = np.asarray(0.3 * clip + 0.002 * rng.standard_normal(clip.shape[0]), dtype=np.float32)
     shifted = np.concatenate([np.zeros(40, np.float32), clip[:-40]])
@@ -278,13 +294,54 @@ def training_examples(clip: NDArray[np.float32], seed: int) -> list[tuple[np.nda
         (shifted, FROZEN_CLIP_TRANSCRIPT),
         (np.zeros_like(clip), ""),
         (noise, ""),
+        *recovery_lessons(clip, load_clip(TAIL_CLIP_PATH)),
     ]
 
 
-def load_clip() -> np.ndarray:
+def recovery_lessons(clip: NDArray[np.float32], tail: NDArray[np.float32]) -> list[tuple[np.ndarray, str]]:
+    """The exact audio the gateway's passes see in the tail recovery test, and what to write.
+
+    Why: a checkpoint that knows only its clip writes nothing usable on any other audio,
+    so the real engine could not show the three outcomes of an early stop. Taught here:
+    the clip then `SILENT_TAIL_S` of silence -> the clip's transcript (complete: the tail
+    is silent); the clip then the tail clip -> the clip's transcript and the end token
+    (an early stop with speech left, as MOSS does on long programs); and the further
+    pass over that audio from the recovery track's frozen cut (`recovery_cut_s`) -> the
+    segments it holds, in that pass's own time and speaker labels.
+    """
+    silent_tail = np.concatenate([clip, np.zeros(int(SILENT_TAIL_S * SAMPLE_RATE), np.float32)])
+    early_stop = np.concatenate([clip, tail])
+    cut = Cut(1, recovery_cut_s(), round(early_stop.shape[0] / SAMPLE_RATE, 3))
+    first, last = cut.sample_span(SAMPLE_RATE)
+    return [
+        (silent_tail, FROZEN_CLIP_TRANSCRIPT),
+        (early_stop, FROZEN_CLIP_TRANSCRIPT),
+        (early_stop[first:last], recovery_pass_transcript(cut.start_s, clip.shape[0] / SAMPLE_RATE)),
+    ]
+
+
+def recovery_cut_s() -> float:
+    """Where the recovery track cuts after a native pass that wrote the clip's transcript:
+    `recovery_back_off_s` (the default) before its last segment ends (RecoveryTrack._recover)."""
+    return round(max(0.0, FROZEN_CLIP_SEGMENTS[-1][1] - CoverageSettings().recovery_back_off_s), 3)
+
+
+def recovery_pass_transcript(cut_s: float, clip_s: float) -> str:
+    """The MOSS transcript of [cut_s, end) of the clip then the tail clip: times from the cut,
+    speakers numbered in order of first appearance (labels only hold within one generation).
+    A segment the cut splits is written whole from 0.00, as the overlap with the native pass."""
+    placed = [(max(0.0, a - cut_s), b - cut_s, who, text) for a, b, who, text in FROZEN_CLIP_SEGMENTS if b > cut_s]
+    placed += [(a + clip_s - cut_s, b + clip_s - cut_s, who, text) for a, b, who, text in TAIL_CLIP_SEGMENTS]
+    labels: dict[str, str] = {}
+    for _, _, who, _ in placed:
+        labels.setdefault(who, f"S{len(labels) + 1:02d}")
+    return "".join(f"[{a:.2f}][{labels[who]}]{text}[{b:.2f}]" for a, b, who, text in placed)
+
+
+def load_clip(path: Path = FROZEN_CLIP_PATH) -> np.ndarray:
     audio: np.ndarray
-    audio, sr = sf.read(str(FROZEN_CLIP_PATH), dtype="float32")
-    if sr != 16000 or audio.ndim != 1:
+    audio, sr = sf.read(str(path), dtype="float32")
+    if sr != SAMPLE_RATE or audio.ndim != 1:
         raise ValueError(f"unexpected clip format: {sr} Hz, shape {audio.shape}")
     return audio
 

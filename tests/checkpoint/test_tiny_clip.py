@@ -73,3 +73,32 @@ def test_recipe_regenerates_the_frozen_clip():
     audio, placed = make_clip.build()
     assert hashlib.sha256(make_clip.to_pcm16_wav_bytes(audio)).hexdigest() == FROZEN_CLIP_SHA256
     assert make_clip.transcript(placed) == FROZEN_CLIP_TRANSCRIPT
+
+
+def test_tail_clip_is_pinned_8s_16k_mono_pcm16_with_the_same_voices():
+    from qualification.clip import TAIL_CLIP_NUM_SAMPLES, TAIL_CLIP_PATH, TAIL_CLIP_SHA256
+
+    assert hashlib.sha256(TAIL_CLIP_PATH.read_bytes()).hexdigest() == TAIL_CLIP_SHA256
+    info = sf.info(str(TAIL_CLIP_PATH))
+    assert (info.samplerate, info.channels, info.frames, info.subtype) == (16000, 1, TAIL_CLIP_NUM_SAMPLES, "PCM_16")
+
+
+def test_tail_clip_transcript_matches_its_segments_and_audio():
+    from qualification.clip import TAIL_CLIP_PATH, TAIL_CLIP_SEGMENTS, TAIL_CLIP_TRANSCRIPT
+
+    segments = SEGMENT_RE.findall(TAIL_CLIP_TRANSCRIPT)
+    assert tuple((float(a), float(b), s, t) for a, s, t, b in segments) == TAIL_CLIP_SEGMENTS
+    assert not {t for *_, t in TAIL_CLIP_SEGMENTS} & {t for *_, t in FROZEN_CLIP_SEGMENTS}  # other words
+    audio, _ = sf.read(str(TAIL_CLIP_PATH), dtype="float64")
+    for start, end, _, _ in TAIL_CLIP_SEGMENTS:
+        assert float(np.sqrt(np.mean(audio[int(start * 16000) : int(end * 16000)] ** 2))) > 0.05
+
+
+def test_recipe_regenerates_the_tail_clip():
+    from qualification.clip import TAIL_CLIP_SHA256, TAIL_CLIP_TRANSCRIPT, make_clip
+
+    if make_clip.espeak_version() != make_clip.PINNED_ESPEAK_VERSION:
+        pytest.skip(f"needs espeak-ng {make_clip.PINNED_ESPEAK_VERSION}, found {make_clip.espeak_version()}")
+    audio, placed = make_clip.build(make_clip.TAIL_SCRIPT, make_clip.TAIL_NUM_SAMPLES)
+    assert hashlib.sha256(make_clip.to_pcm16_wav_bytes(audio)).hexdigest() == TAIL_CLIP_SHA256
+    assert make_clip.transcript(placed) == TAIL_CLIP_TRANSCRIPT

@@ -84,3 +84,20 @@ def test_lm_head_is_tied_and_automodel_gives_the_body(hf_reference, tiny_checkpo
     body = AutoModel.from_pretrained(str(tiny_checkpoint), trust_remote_code=True)
     assert type(body).__name__ == "MossTranscribeDiarizeModel"
     assert torch.equal(body.vq_adaptor.layers[0].weight, model.model.vq_adaptor.layers[0].weight)
+
+
+def test_the_recovery_lessons_are_learned(hf_reference, clip_audio):
+    """The tail recovery test's three inputs (build.recovery_lessons): clip + silence and clip + tail clip give
+    the clip's transcript (the second is an early stop), the further pass from the frozen cut gives the tail."""
+    from qualification.clip import TAIL_CLIP_PATH
+    from service.checkpoint.build import load_clip, recovery_lessons
+
+    tok = hf_reference.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    lessons = recovery_lessons(clip_audio, load_clip(TAIL_CLIP_PATH))
+    assert [text for _, text in lessons][:2] == [FROZEN_CLIP_TRANSCRIPT] * 2
+    assert lessons[2][1].startswith("[0.00][S01]Thank you, see you soon.[1.00][2.16][S01]Now the weather report.")
+    for audio, text in lessons:
+        expected = tok.encode(text, add_special_tokens=False) + [im_end]
+        enc, out = hf_reference.greedy(audio, max_new_tokens=len(expected) + 8)
+        assert out[0, enc["input_ids"].shape[1] :].tolist() == expected
