@@ -26,6 +26,8 @@ from matplotlib.figure import Figure
 PATH_STYLE: dict[str, str] = {
     "direct": "#1f77b4",
     "gateway": "#d62728",
+    "gateway-mp": "#8c564b",
+    "vllm-serve": "#17becf",
     "direct-final": "#2ca02c",
     "raw": "#9467bd",
     "transformers": "#ff7f0e",

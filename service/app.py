@@ -109,7 +109,9 @@ def effective_engine_settings(settings: GatewaySettings) -> EngineSettings:
     return engine_settings
 
 
-async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> bool:
+async def _start_engine(
+    state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None, *, on_loop: bool = False
+) -> bool:
     """One attempt to build and start the engine; True when it is up (the failure is recorded otherwise).
 
     The build runs in a worker thread, which a cancellation cannot stop: when the
@@ -123,7 +125,19 @@ async def _start_engine(state: GatewayState, factory: EngineFactory, on_ready: R
         return engine
 
     state.engine_status = EngineStatus.STARTING
-    building = asyncio.ensure_future(asyncio.to_thread(build))
+    building: asyncio.Future[StartableEngine]
+    if on_loop:
+        # A front end's engine client is built on the running event loop, as vLLM builds its API
+        # processes' clients: its output task then starts reading the core's socket at once. Built in
+        # a worker thread instead, a client of a core launched elsewhere now and then never saw the
+        # core's answers (seen on the CPU engine, about one start in four).
+        building = asyncio.get_running_loop().create_future()
+        try:
+            building.set_result(build())
+        except Exception as exc:
+            building.set_exception(exc)
+    else:
+        building = asyncio.ensure_future(asyncio.to_thread(build))
     try:
         engine = await asyncio.shield(building)
     except asyncio.CancelledError:
@@ -178,7 +192,9 @@ async def _probe(state: GatewayState, engine: TranscriptionEngine) -> None:
     state.mark_engine_dead(reason)
 
 
-async def _supervise(state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None) -> None:
+async def _supervise(
+    state: GatewayState, factory: EngineFactory, on_ready: ReadyHook | None, *, on_loop: bool = False
+) -> None:
     """Start the engine, watch its health, restart it with backoff when it dies or fails to start.
 
     A restarted engine goes through the gate again: its identity is resolved
@@ -190,7 +206,7 @@ async def _supervise(state: GatewayState, factory: EngineFactory, on_ready: Read
     With `restart_engine` off, the first failure is final (and /health says so).
     """
     lifecycle = state.settings.lifecycle
-    up = await _start_engine(state, factory, on_ready)
+    up = await _start_engine(state, factory, on_ready, on_loop=on_loop)
     while True:
         if up:
             await asyncio.sleep(lifecycle.health_check_interval_s)
@@ -219,7 +235,7 @@ async def _supervise(state: GatewayState, factory: EngineFactory, on_ready: Read
             with contextlib.suppress(Exception):
                 await old.shutdown()
         await asyncio.sleep(delay)
-        up = await _start_engine(state, factory, on_ready)
+        up = await _start_engine(state, factory, on_ready, on_loop=on_loop)
 
 
 async def _drain(state: GatewayState) -> None:
@@ -281,7 +297,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state: GatewayState = app.state.gateway
-        supervisor = asyncio.create_task(_supervise(state, factory, on_ready))
+        supervisor = asyncio.create_task(_supervise(state, factory, on_ready, on_loop=frontend is not None))
         state.background.add(supervisor)
         state.background.update(asyncio.create_task(watch(state)) for watch in watchers)
         try:

@@ -218,6 +218,8 @@ class FrontendSupervisor:
         if self.stopping:
             return None
         exited = [by_sentinel[s] for s in ready if s in by_sentinel]
+        for process in exited:
+            process.join(timeout=1.0)  # the sentinel fires as the process ends; its exit code comes with the join
         return ", ".join(f"{p.name} (pid {p.pid}) exited with {p.exitcode}" for p in exited) or "woken without a cause"
 
     def _stop(self, group: LaunchedEngine) -> None:

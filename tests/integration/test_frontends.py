@@ -48,6 +48,7 @@ def frontends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProce
     gateway = GatewayProcess(env=env, log_path=base / "gateway.log").start()
     try:
         gateway.wait_engine(timeout=600)
+        wait_every_engine(gateway, timeout=300)
         yield gateway
     finally:
         gateway.stop()
@@ -120,6 +121,34 @@ def connection_to(port: int, index: int, attempts: int = 64) -> RawConnection:
     raise AssertionError(f"no connection reached front end {index} in {attempts} attempts")
 
 
+def wait_every_engine(gateway: GatewayProcess, timeout: float) -> None:
+    """Until both front ends' engine clients are up (each answers /ready with its own engine state)."""
+    deadline = time.monotonic() + timeout
+    states: dict[int, object] = {}
+    while time.monotonic() < deadline:
+        states = {index: body["engine"] for index, (_, body) in ready_in_every_frontend(gateway).items()}
+        if all(state == "ready" for state in states.values()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"front ends' engines not ready after {timeout} s: {states}\n{gateway.log_tail()}")
+
+
+def wait_every_ready(gateway: GatewayProcess, timeout: float) -> dict[int, tuple[int, dict[str, object]]]:
+    """Until both front ends answer /ready with 200; their answers."""
+    deadline = time.monotonic() + timeout
+    answers: dict[int, tuple[int, dict[str, object]]] = {}
+    while time.monotonic() < deadline:
+        try:
+            answers = ready_in_every_frontend(gateway)
+        except (OSError, AssertionError):  # the group is restarting: nothing accepts yet
+            time.sleep(0.5)
+            continue
+        if all(status == 200 for status, _ in answers.values()):
+            return answers
+        time.sleep(0.5)
+    raise AssertionError(f"not both ready after {timeout} s: {answers}\n{gateway.log_tail()}")
+
+
 def ready_in_every_frontend(gateway: GatewayProcess) -> dict[int, tuple[int, dict[str, object]]]:
     answers = {}
     for index in (0, 1):
@@ -158,7 +187,7 @@ def test_one_slot_held_in_one_front_end_refuses_a_request_in_the_other(frontends
         other.sock.sendall(body)
         status, headers, refused = other.response()
         assert status == 429, refused
-        assert headers["x-error-code"] == "rate_limited"
+        assert headers["x-error-code"] == "too_many_requests"
         holder.sock.sendall(body[100:])
         status, _, answered = holder.response()
         assert status == 200, answered
@@ -225,14 +254,12 @@ def engine_core(parent_pid: int) -> psutil.Process:
 
 def test_a_killed_engine_core_restarts_the_group_and_the_gate_reopens(frontends: GatewayProcess) -> None:
     assert frontends.process is not None
-    frontends.wait_ready(timeout=120)
-    before = ready_in_every_frontend(frontends)
+    before = wait_every_ready(frontends, timeout=120)
     old_frontends = frontend_pids(frontends.process.pid)
     assert len(old_frontends) == 2
     os.kill(engine_core(frontends.process.pid).pid, signal.SIGKILL)
     time.sleep(2.0)
-    frontends.wait_ready(timeout=600)
-    after = ready_in_every_frontend(frontends)
+    after = wait_every_ready(frontends, timeout=600)
     assert frontends.process.poll() is None
     new_frontends = frontend_pids(frontends.process.pid)
     assert len(new_frontends) == 2 and new_frontends.isdisjoint(old_frontends)
