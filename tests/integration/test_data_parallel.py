@@ -111,3 +111,5 @@ def test_one_dead_rank_restarts_the_whole_engine(dp_gateway: GatewayProcess) -> 
     restarted = engine_core_pids(dp_gateway.process.pid)
     assert set(restarted) == {"0", "1"} and not set(restarted.values()) & set(cores.values()), body
     assert httpx.get(f"{dp_gateway.url}/v1/backend", timeout=5).json()["fingerprint"] == fingerprint
+    # The same backend: its record reopens the gate without a new qualification.
+    assert dp_gateway.wait_ready(timeout=240)["qualification_id"] == dp_gateway.before_qualification["summary"]["qualification_id"]
