@@ -28,7 +28,7 @@ from service.api.transcriptions import router as transcriptions
 from service.api.transcriptions.serving import build_serving
 from service.body_deadline import BodyDeadlineMiddleware
 from service.checkpoint import TINY_CHECKPOINT_NAME, ensure_tiny_checkpoint
-from service.engine.protocol import TranscriptionEngine
+from service.engine.protocol import EngineDeadError, TranscriptionEngine
 from service.engine.vllm_engine import FrontendClient, VllmTranscriptionEngine
 from service.errors import ErrorCode, install_error_handlers
 from service.gate import open_gate_from_records, record_store_for
@@ -157,6 +157,10 @@ async def _start_engine(
     if on_ready is not None:
         try:
             await on_ready(state)
+        except EngineDeadError as exc:  # it could not answer its identity: dead, and restarted as such
+            logger.error("the engine did not answer at start-up: %s", exc)
+            state.mark_engine_dead(str(exc))
+            return True
         except Exception as exc:
             if state.shutting_down:
                 # The engine stopped under it because the gateway is stopping: expected, not a fault.

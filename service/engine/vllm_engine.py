@@ -17,10 +17,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from service.prompt import PromptBuilder
 from service.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SAMPLE_RATE = 16_000
 
@@ -344,7 +346,11 @@ class VllmTranscriptionEngine:
         if self._engine is None:
             return []
         try:
-            per_worker = await self._engine.collective_rpc("moss_attention_backends", timeout=30)
+            per_worker = await answered_in_time(
+                self._engine.collective_rpc("moss_attention_backends", timeout=IDENTITY_RPC_TIMEOUT_S)
+            )
+        except EngineDeadError:
+            raise
         except Exception as exc:  # the identity records that it could not be read
             logger.warning("could not read the attention backend from the workers: %s", exc)
             return ["unknown"]
@@ -355,7 +361,11 @@ class VllmTranscriptionEngine:
         if self._engine is None:
             return []
         try:
-            per_rank = await rpc_each_rank(self._engine.engine_core, "moss_device", timeout=30)
+            per_rank = await answered_in_time(
+                rpc_each_rank(self._engine.engine_core, "moss_device", timeout=IDENTITY_RPC_TIMEOUT_S)
+            )
+        except EngineDeadError:
+            raise
         except Exception as exc:  # the identity records that it could not be read
             logger.warning("could not read the devices from the workers: %s", exc)
             return [{"rank": rank, "devices": ["unknown"]} for rank in range(self.data_parallel_size)]
@@ -389,6 +399,25 @@ class VllmTranscriptionEngine:
             "seed": self._settings.seed,
             "requested_attention_backend": self._settings.attention_backend,
         }
+
+
+#: How long the workers may take to answer an identity question (vLLM's own RPC timeout).
+IDENTITY_RPC_TIMEOUT_S = 30.0
+
+
+async def answered_in_time(call: Awaitable[T]) -> T:
+    """The answer of an RPC to the engine core, or `EngineDeadError` when none comes.
+
+    vLLM's RPC timeout bounds the workers, not the round trip: a request or an
+    answer lost between a client and its core (seen now and then when a front
+    end of service/frontends.py asks its first questions) would leave the
+    caller waiting forever. An engine that cannot answer its identity cannot
+    serve; marked dead, it is restarted.
+    """
+    try:
+        return await asyncio.wait_for(call, timeout=IDENTITY_RPC_TIMEOUT_S + 15.0)
+    except TimeoutError:
+        raise EngineDeadError(f"the engine core did not answer within {IDENTITY_RPC_TIMEOUT_S + 15.0:g} s") from None
 
 
 def frontend_engine_args(engine_args: Any, *, count: int, rank: int) -> Any:

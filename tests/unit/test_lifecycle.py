@@ -21,8 +21,10 @@ from gateway_process import free_port
 from helpers import make_wav, open_gate
 
 from service.app import create_app, restart_delay_s
+from service.engine.protocol import EngineDeadError
 from service.ledger import JsonLinesLedger
 from service.settings import GatewaySettings, LifecycleSettings
+from service.state import GatewayState
 
 FAST = {
     "health_check_interval_s": 0.05,
@@ -215,3 +217,20 @@ def test_sigterm_stops_in_order_and_exits_0(tmp_path: Path) -> None:
     assert b"Traceback" not in stderr and b"EngineDeadError" not in stderr, stderr.decode(errors="replace")
     lines = list(JsonLinesLedger(tmp_path / "state" / "ledger" / "requests.jsonl").read())
     assert [(line["status"], line["path"]) for line in lines] == [(401, "/admin/qualify")]
+
+
+def test_an_engine_that_cannot_answer_its_identity_is_dead_and_restarted(tmp_path: Path) -> None:
+    """The ready hook's identity questions got no answer (EngineDeadError): not a closed gate forever, a restart."""
+    factory = FlakyFactory(failures=0)
+    asked: list[int] = []
+
+    async def identity_unanswered_once(state: GatewayState) -> None:
+        asked.append(len(factory.engines))
+        if len(asked) == 1:
+            raise EngineDeadError("the engine core did not answer within 45 s")
+        await open_gate(state)
+
+    settings = GatewaySettings(state_dir=tmp_path / "state", lifecycle=FAST)
+    with TestClient(create_app(settings, engine_factory=factory, on_ready=identity_unanswered_once)) as client:
+        _until(lambda: client.get("/ready").status_code == 200, 10, "the engine was not restarted after no answer")
+    assert asked == [1, 2] and len(factory.engines) == 2
