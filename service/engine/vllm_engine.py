@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -346,8 +346,9 @@ class VllmTranscriptionEngine:
         if self._engine is None:
             return []
         try:
+            engine = self._engine
             per_worker = await answered_in_time(
-                self._engine.collective_rpc("moss_attention_backends", timeout=IDENTITY_RPC_TIMEOUT_S)
+                lambda: engine.collective_rpc("moss_attention_backends", timeout=IDENTITY_RPC_TIMEOUT_S)
             )
         except EngineDeadError:
             raise
@@ -361,8 +362,9 @@ class VllmTranscriptionEngine:
         if self._engine is None:
             return []
         try:
+            core = self._engine.engine_core
             per_rank = await answered_in_time(
-                rpc_each_rank(self._engine.engine_core, "moss_device", timeout=IDENTITY_RPC_TIMEOUT_S)
+                lambda: rpc_each_rank(core, "moss_device", timeout=IDENTITY_RPC_TIMEOUT_S)
             )
         except EngineDeadError:
             raise
@@ -401,12 +403,15 @@ class VllmTranscriptionEngine:
         }
 
 
-#: How long the workers may take to answer an identity question (vLLM's own RPC timeout).
-IDENTITY_RPC_TIMEOUT_S = 30.0
+#: How long the workers may take to answer an identity question (vLLM's own RPC timeout), and how
+#: long the round trip may take before it is asked again: the workers answer in milliseconds.
+IDENTITY_RPC_TIMEOUT_S = 10.0
+#: Times an unanswered identity question is asked before the engine counts as dead.
+IDENTITY_RPC_ATTEMPTS = 2
 
 
-async def answered_in_time(call: Awaitable[T]) -> T:
-    """The answer of an RPC to the engine core, or `EngineDeadError` when none comes.
+async def answered_in_time(ask: Callable[[], Awaitable[T]]) -> T:
+    """The answer of an RPC to the engine core; asked again once, then `EngineDeadError` when none comes.
 
     vLLM's RPC timeout bounds the workers, not the round trip: a request or an
     answer lost between a client and its core (seen now and then when a front
@@ -414,10 +419,14 @@ async def answered_in_time(call: Awaitable[T]) -> T:
     caller waiting forever. An engine that cannot answer its identity cannot
     serve; marked dead, it is restarted.
     """
-    try:
-        return await asyncio.wait_for(call, timeout=IDENTITY_RPC_TIMEOUT_S + 15.0)
-    except TimeoutError:
-        raise EngineDeadError(f"the engine core did not answer within {IDENTITY_RPC_TIMEOUT_S + 15.0:g} s") from None
+    for attempt in range(1, IDENTITY_RPC_ATTEMPTS + 1):
+        try:
+            return await asyncio.wait_for(ask(), timeout=IDENTITY_RPC_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning("the engine core did not answer in %g s (attempt %d)", IDENTITY_RPC_TIMEOUT_S, attempt)
+    raise EngineDeadError(
+        f"the engine core did not answer within {IDENTITY_RPC_TIMEOUT_S:g} s, {IDENTITY_RPC_ATTEMPTS} times"
+    )
 
 
 def frontend_engine_args(engine_args: Any, *, count: int, rank: int) -> Any:

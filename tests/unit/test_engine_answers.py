@@ -11,14 +11,25 @@ from service.engine.protocol import EngineDeadError
 
 
 def test_an_answer_that_never_comes_is_an_engine_death(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_engine, "IDENTITY_RPC_TIMEOUT_S", -14.95)  # the round trip then gets 0.05 s
+    monkeypatch.setattr(vllm_engine, "IDENTITY_RPC_TIMEOUT_S", 0.05)
+    asked: list[int] = []
+
+    def ask() -> object:
+        asked.append(1)
+        return asyncio.sleep(30)
+
     with pytest.raises(EngineDeadError, match="did not answer"):
-        asyncio.run(vllm_engine.answered_in_time(asyncio.sleep(30)))
+        asyncio.run(vllm_engine.answered_in_time(ask))
+    assert len(asked) == vllm_engine.IDENTITY_RPC_ATTEMPTS  # asked again before giving up
 
 
-def test_an_answer_in_time_is_returned() -> None:
+def test_a_question_lost_once_is_answered_when_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_engine, "IDENTITY_RPC_TIMEOUT_S", 0.05)
+    asked: list[int] = []
+
     async def answer() -> list[str]:
-        await asyncio.sleep(0.01)
+        asked.append(1)
+        await asyncio.sleep(30 if len(asked) == 1 else 0.001)  # the first request is lost
         return ["FLASH_ATTN"]
 
-    assert asyncio.run(vllm_engine.answered_in_time(answer())) == ["FLASH_ATTN"]
+    assert asyncio.run(vllm_engine.answered_in_time(answer)) == ["FLASH_ATTN"] and len(asked) == 2
