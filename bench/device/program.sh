@@ -6,7 +6,9 @@
 #
 #   run kind=nvidia-h200 carry=[".whl/early", ".whl/site_all.tar.xz.part-0", ".whl/SHA256SUMS"] timeout_s=120
 #       set -o pipefail; MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/program.sh a 2>&1 | tee $OUT/callA.log
-#   run kind=nvidia-h200 carry=[".whl/site_all.tar.xz.part-1"] timeout_s=600
+#   run kind=nvidia-h200 carry=[".whl/site_all.tar.xz.part-1"] timeout_s=60
+#       bash bench/device/program.sh keep          (keeps part 1; within 30 s:)
+#   run kind=nvidia-h200 carry=[".whl/site_all.tar.xz.part-2"] timeout_s=600
 #       set -o pipefail; DEADLINE_S=565 MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/program.sh b 2>&1 | tee $OUT/callB.log
 #
 # Call A (about 25 s): keeps bundle part 0, installs the early wheels, builds the full-size random checkpoint
@@ -35,6 +37,9 @@ T0=$SECONDS
 DEADLINE=${DEADLINE_S:-565}
 
 case "${1:-}" in
+keep)  # a call that only brings one more part of the bundle
+  keep_parts
+  ;;
 a)
   exec bash bench/device/rerun.sh a
   ;;

@@ -3,7 +3,8 @@
 # near-tie tolerance): two device calls back to back on a fresh H200, each within 30 s of the last.
 #   call A: bash bench/device/rerun.sh a   carry .whl/early .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS
 #           keeps part 0, installs the early wheels, builds the full-size random checkpoint.
-#   call B: bash bench/device/rerun.sh b   carry .whl/site_all.tar.xz.part-1
+#   call K: bash bench/device/rerun.sh keep carry .whl/site_all.tar.xz.part-1   (keeps part 1)
+#   call B: bash bench/device/rerun.sh b   carry .whl/site_all.tar.xz.part-2
 #           joins, checks and unpacks the bundle, then the short workload (12 s at 1, 4, 16, 64;
 #           direct, gateway, plus direct-final from 4) with qualification at start-up against a
 #           FLOAT32 Transformers reference on cuda; --allow-unqualified stays as the fallback.
@@ -18,8 +19,11 @@ T0=$SECONDS
 DEADLINE=${DEADLINE_S:-560}
 
 case "${1:-}" in
+keep)  # a call that only brings one more part of the bundle
+  keep_parts
+  ;;
 a)
-  cp .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS /tmp/bundle/
+  keep_parts
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, torch.cuda.get_device_name(0))"

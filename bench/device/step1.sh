@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
-cp .whl/site_all.tar.xz.part-0 .whl/SHA256SUMS /tmp/bundle/
+keep_parts  # part 0; part 1 comes with a call of `bash -c 'source bench/device/common.sh; keep_parts'`, part 2 with step 2
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm --format=csv
 python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, torch.cuda.get_device_name(0))"

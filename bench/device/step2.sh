@@ -4,12 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
-cp .whl/site_all.tar.xz.part-1 /tmp/bundle/
-cat /tmp/bundle/site_all.tar.xz.part-0 /tmp/bundle/site_all.tar.xz.part-1 > /tmp/bundle/site_all.tar.xz
-(cd /tmp/bundle && sha256sum -c SHA256SUMS)
-if command -v xz >/dev/null; then tar -xJf /tmp/bundle/site_all.tar.xz -C /tmp/site
-else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /tmp/bundle/site_all.tar.xz /tmp/site; fi
-rm -f /tmp/bundle/site_all.tar.xz.part-*
+T0=$SECONDS
+unpack_bundle  # joins the parts kept by the earlier calls and the one carried now
 python3 -c "import vllm, fastapi, pydantic, uvicorn, av; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__, 'pydantic', pydantic.__version__)"
 python3 -m bench run --workload short,long "${ENGINE_ARGS[@]}" --qualify --allow-unqualified \
     --reference-device cuda --reference-dtype bfloat16 --out "$OUT/short-long.json" --deadline-s 470
