@@ -43,6 +43,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from bench.gateway_mp import every_frontend_ready
 from bench.protocol import rotation
 from bench.workloads import PROGRAM_DURATION_S, PROGRAM_OUTPUT_TOKENS, noise_pcm16, write_wav
 
@@ -251,24 +252,6 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_QUALIFICATION__QUALIFY_ON_START": "false",
     })
     return env
-
-
-def every_frontend_ready(url: str, api_processes: int) -> bool:
-    """/ready answered 200 by every front-end process (each new connection lands on any of them)."""
-    import httpx
-
-    seen: set[int] = set()
-    for _ in range(8 * api_processes):
-        try:
-            response = httpx.get(f"{url}/ready", timeout=5, headers={"Connection": "close"})
-        except httpx.TransportError:
-            return False
-        if response.status_code != 200:
-            return False
-        seen.add(int((response.json().get("frontend") or {}).get("index", 0)))
-        if len(seen) >= api_processes:
-            return True
-    return False
 
 
 async def _client(spec: dict[str, Any], work: Path, label: str) -> dict[str, Any]:

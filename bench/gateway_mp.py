@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.vllm_serve import _die_with_parent
+from bench.vllm_serve import _die_with_parent, log_tail, stop_session
 from service.frontends import serve_frontends
 from service.gate import open_gate_from_records
 from service.settings import GatewaySettings
@@ -49,6 +49,22 @@ async def open_gate_for_benchmark(state: GatewayState) -> None:
         return
     state.gate.open, state.gate.qualification_id, state.gate.verdict = True, UNQUALIFIED_ID, "unqualified"
     state.gate.reason = "opened by the benchmark (bench/gateway_mp.py) without a passing qualification"
+
+
+def every_frontend_ready(url: str, api_processes: int) -> bool:
+    """/ready answered 200 by every front-end process (each new connection lands on any of them)."""
+    seen: set[int] = set()
+    for _ in range(8 * api_processes):
+        try:
+            response = httpx.get(f"{url}/ready", timeout=5, headers={"Connection": "close"})
+        except httpx.TransportError:
+            return False
+        if response.status_code != 200:
+            return False
+        seen.add(int((response.json().get("frontend") or {}).get("index", 0)))
+        if len(seen) >= api_processes:
+            return True
+    return False
 
 
 class GatewayProcesses:
@@ -88,32 +104,16 @@ class GatewayProcesses:
 
     async def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(timeout=5) as client:
-            while True:
-                if self.process is None or self.process.poll() is not None:
-                    raise RuntimeError(f"gateway-mp exited before it was ready; see {self.log_path}:\n{self.tail()}")
-                if await self._all_ready(client):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"gateway-mp was not ready within {timeout_s:.0f} s:\n{self.tail()}")
-                await asyncio.sleep(1.0)
+        while True:
+            if self.process is None or self.process.poll() is not None:
+                raise RuntimeError(f"gateway-mp exited before it was ready; see {self.log_path}:\n{self.tail()}")
+            if await asyncio.to_thread(every_frontend_ready, self.url, self.api_processes):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway-mp was not ready within {timeout_s:.0f} s:\n{self.tail()}")
+            await asyncio.sleep(1.0)
         self.ready_s = time.monotonic() - (self.started_at or time.monotonic())
         logger.info("gateway-mp ready in %.1f s", self.ready_s)
-
-    async def _all_ready(self, client: httpx.AsyncClient) -> bool:
-        """Every front end answered /ready 200 (new connections land on any of them)."""
-        seen: set[int] = set()
-        for _ in range(8 * self.api_processes):
-            try:
-                response = await client.get(f"{self.url}/ready", headers={"Connection": "close"})
-            except httpx.HTTPError:
-                return False
-            if response.status_code != 200:
-                return False
-            seen.add(int(response.json()["frontend"]["index"]))
-            if len(seen) == self.api_processes:
-                return True
-        return False
 
     def cpu_s(self) -> float | None:
         """User plus system CPU seconds of the parent and its front-end processes.
@@ -133,24 +133,13 @@ class GatewayProcesses:
             return None
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.kill(process.pid, signal.SIGTERM)  # the parent stops its front ends, then the engine core
-            process.wait(timeout_s)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(10)
+        if process is not None:
+            # The parent alone: it stops its front ends, then the engine core.
+            stop_session(process, lambda: os.kill(process.pid, signal.SIGTERM), timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,24 +169,35 @@ class VllmServe:
         return parse_generation_tokens(response.text)
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
+        if process is not None:
+            stop_session(process, lambda: os.killpg(process.pid, signal.SIGINT), timeout_s)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a server's log ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stop_session(process: subprocess.Popen[bytes], ask: Callable[[], None], timeout_s: float) -> None:
+    """Stop a server started in its own session: `ask` it to stop, then kill the whole group after `timeout_s`."""
+    if process.poll() is not None:
+        return
+    try:
+        ask()
+        process.wait(timeout_s)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
         try:
-            os.killpg(process.pid, signal.SIGINT)
-            process.wait(timeout_s)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(10)
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(10)
 
 
 def _die_with_parent() -> None:

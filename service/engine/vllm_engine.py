@@ -154,11 +154,8 @@ class VllmTranscriptionEngine:
         return AsyncEngineArgs(**kwargs)
 
     def start(self) -> None:
-        """Build the engine (blocking: call it from a worker thread); a started engine stays as it is."""
+        """Build the engine (blocking: call it from a worker thread)."""
         from transformers import AutoProcessor
-
-        if self._engine is not None:
-            return
 
         started = time.monotonic()
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
