@@ -18,7 +18,15 @@ by r (`schedule`). Cells: ``short-12s-c128`` (128 concurrent streams of 12 s noi
 clips, 153 tokens forced with ignore_eos, the throughput protocol's shape, one
 request per stream) and ``program-chunked`` (the 2861.5 s program through the
 chunked track, ignore_eos, the program's 36,492 tokens split evenly over the chunks).
-Each block is one row: cell, path (always ``gateway``), repeat, wall_s, requests, dp.
+Each block is one row: cell, path (always ``gateway``), repeat, wall_s, requests, dp,
+and the tokens the gateway reports it generated (``X-Moss-Generated-Tokens``) against
+the tokens forced, so a program block that did not decode the program's whole
+36,492 tokens can never pass for one (a run of 2026-11-30 did: the bench planned the
+chunks with other settings than the gateway's and asked for 5 x 1,014 tokens).
+The load runs from ``--client-processes`` client processes (bench.client's shards)
+with ``--requests-per-worker`` requests back to back per stream, and every block
+samples each rank's running requests from the gateway's /metrics
+(``vllm:num_requests_running{engine=...}``), to tell a starved rank from a full one.
 The summary gives per cell and dp the median wall time and throughput, and per
 repetition the dp=2 / dp=1 throughput ratio of the short cell (target >= 1.9) and
 the program's wall time on dp=2 (target <= 8 s).
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -84,25 +93,43 @@ def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str, int]]:
     return out
 
 
-def dp_row(*, cell: str, repeat: int, wall_s: float, requests: int, dp: int, ok: int, audio_s: float) -> dict[str, Any]:
+def dp_row(
+    *, cell: str, repeat: int, wall_s: float, requests: int, dp: int, ok: int, audio_s: float,
+    generated_tokens: int | None = None, forced_tokens: int | None = None,
+) -> dict[str, Any]:
     """One block's row: the fields issue 17 names, plus what the summary needs."""
     return {
         "cell": cell, "path": "gateway", "repeat": repeat, "wall_s": round(wall_s, 4), "requests": requests,
-        "dp": dp, "ok": ok, "audio_s": audio_s,
+        "dp": dp, "ok": ok, "audio_s": audio_s, "generated_tokens": generated_tokens, "forced_tokens": forced_tokens,
     }
+
+
+def complete(row: dict[str, Any]) -> bool:
+    """Every request answered, and (where the row says) every forced token generated; the program needs all of its."""
+    if row["ok"] != row["requests"] or row["wall_s"] <= 0:
+        return False
+    generated, forced = row.get("generated_tokens"), row.get("forced_tokens")
+    if row["cell"] == PROGRAM_CELL and (generated is None or generated < PROGRAM_OUTPUT_TOKENS):
+        return False
+    return forced is None or (generated is not None and generated >= forced)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians per (cell, dp), the per-repetition dp=2/dp=1 ratio of the short cell, and the targets."""
     cells: dict[str, dict[str, Any]] = {}
     for row in rows:
-        entry = cells.setdefault(row["cell"], {}).setdefault(str(row["dp"]), {"wall_s": [], "audio_s_per_s": []})
+        entry = cells.setdefault(row["cell"], {}).setdefault(
+            str(row["dp"]), {"wall_s": [], "complete_wall_s": [], "audio_s_per_s": [], "incomplete": 0}
+        )
         entry["wall_s"].append(row["wall_s"])
-        if row["ok"] == row["requests"] and row["wall_s"] > 0:
+        if complete(row):
+            entry["complete_wall_s"].append(row["wall_s"])
             entry["audio_s_per_s"].append(row["audio_s"] * row["requests"] / row["wall_s"])
+        else:
+            entry["incomplete"] += 1
     for per_dp in cells.values():
         for entry in per_dp.values():
-            entry["median_wall_s"] = median(entry["wall_s"]) if entry["wall_s"] else None
+            entry["median_wall_s"] = median(entry["complete_wall_s"]) if entry["complete_wall_s"] else None
             entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
     ratios = _ratios(rows)
     scaled = _ratios(rows, numerator=SCALED_CELL)
@@ -130,21 +157,23 @@ def _ratios(rows: list[dict[str, Any]], *, numerator: str = SHORT_CELL) -> list[
     """
     rates: dict[int, dict[int, float]] = {}
     for row in rows:
-        complete = row["ok"] == row["requests"] and row["wall_s"] > 0
-        if complete and ((row["cell"] == SHORT_CELL and row["dp"] == 1) or (row["cell"] == numerator and row["dp"] == 2)):
+        if complete(row) and ((row["cell"] == SHORT_CELL and row["dp"] == 1) or (row["cell"] == numerator and row["dp"] == 2)):
             rates.setdefault(row["repeat"], {})[row["dp"]] = row["requests"] / row["wall_s"]
     return [round(r[2] / r[1], 4) for _, r in sorted(rates.items()) if 1 in r and 2 in r and r[1] > 0]
 
 
 def render(summary: dict[str, Any]) -> str:
     """The markdown table for docs/benchmarks.md."""
-    lines = ["| cell | dp | median wall (s) | median audio-s/s | walls (s) |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| cell | dp | median wall (s), complete blocks | median audio-s/s | walls (s), all blocks | incomplete blocks |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for cell, per_dp in summary["cells"].items():
         for dp, entry in sorted(per_dp.items()):
             rate = entry["median_audio_s_per_s"]
             lines.append(
-                f"| {cell} | {dp} | {entry['median_wall_s']:.2f} | {'-' if rate is None else f'{rate:.0f}'} | "
-                f"{', '.join(f'{w:.2f}' for w in entry['wall_s'])} |"
+                f"| {cell} | {dp} | {_fmt(entry['median_wall_s'])} | {'-' if rate is None else f'{rate:.0f}'} | "
+                f"{', '.join(f'{w:.2f}' for w in entry['wall_s'])} | {entry.get('incomplete', 0)} |"
             )
     ratio, program = summary["short_ratio_median"], summary["program_dp2_median_s"]
     lines.append("")
@@ -184,17 +213,86 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
     return out
 
 
-def program_chunk_tokens() -> int:
-    """The program's output tokens split evenly over the chunks the gateway will cut (its own default policy)."""
+def shared_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings both gateways get beyond the engine's: one dict, read by `gateway_env` and `program_plan` alike.
+
+    The chunk plan the bench forces tokens for must be the plan the gateways cut, so both come from here.
+    """
+    return {
+        "audio": {"max_duration_s": 3000},
+        "longform": {"max_duration_s": 3000, "target_s": args.chunk_target_s, "max_concurrent_chunks": 64},
+        "limits": {"max_concurrent_requests": SCALED_STREAMS, "max_queued_requests": SCALED_STREAMS * args.requests_per_worker},
+        "qualification": {"qualify_on_start": "false"},
+    }
+
+
+def program_plan(args: argparse.Namespace, pcm: Any) -> tuple[int, int]:
+    """(chunks, tokens per chunk): the gateways' cut of the program and its 36,492 tokens split evenly over them."""
     from bench.program import chunk_budget
     from bench.workloads import pcm16_to_float
     from service.longform import plan_cuts
     from service.longform.policy import ChunkingPolicy
     from service.settings import GatewaySettings
 
-    policy = ChunkingPolicy(**GatewaySettings().chunking_defaults())
-    cuts = plan_cuts(pcm16_to_float(noise_pcm16(PROGRAM_DURATION_S, 7)), 16_000, policy=policy, audio_sha256="bench")
-    return chunk_budget(PROGRAM_OUTPUT_TOKENS, len(cuts.cuts))
+    overrides = shared_settings(args)
+    settings = GatewaySettings(audio=overrides["audio"], longform=overrides["longform"])
+    cuts = plan_cuts(pcm16_to_float(pcm), 16_000, policy=ChunkingPolicy(**settings.chunking_defaults()), audio_sha256="bench")
+    return len(cuts.cuts), chunk_budget(PROGRAM_OUTPUT_TOKENS, len(cuts.cuts))
+
+
+def running_per_rank(metrics_text: str) -> dict[str, float]:
+    """`vllm:num_requests_running` per engine label (rank) from one /metrics page."""
+    out: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        if not line.startswith("vllm:num_requests_running{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        engine = next((part.split("=", 1)[1].strip('"') for part in labels[labels.index("{") + 1: -1].split(",")
+                       if part.split("=", 1)[0] == "engine"), "?")
+        out[engine] = out.get(engine, 0.0) + float(value)
+    return out
+
+
+class RankSampler:
+    """Samples each rank's running requests every `period_s` while a block runs (max and mean per rank)."""
+
+    def __init__(self, url: str, period_s: float = 0.25) -> None:
+        self.url, self.period_s = url, period_s
+        self.samples: list[dict[str, float]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=5) as client:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.samples.append(running_per_rank((await client.get(f"{self.url}/metrics")).text))
+                await asyncio.sleep(self.period_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> dict[str, dict[str, float]]:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return summarize_ranks(self.samples)
+
+
+def summarize_ranks(samples: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per rank: the most running requests seen, the mean over the samples where any rank ran one, and the count."""
+    busy = [s for s in samples if sum(s.values()) > 0]
+    ranks = sorted({rank for s in samples for rank in s})
+    return {
+        rank: {
+            "max": max((s.get(rank, 0.0) for s in samples), default=0.0),
+            "mean_busy": round(sum(s.get(rank, 0.0) for s in busy) / len(busy), 2) if busy else 0.0,
+            "samples": len(busy),
+        }
+        for rank in ranks
+    }
 
 
 # -- one gateway (spawned by `run`) ---------------------------------------------------------------
@@ -232,6 +330,8 @@ def serve(allow_unqualified: bool) -> int:
 def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> dict[str, str]:
     """The environment of one gateway: same engine settings for both, only dp and the devices differ."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_GATEWAY_")}
+    for section, values in shared_settings(args).items():
+        env.update({f"MOSS_GATEWAY_{section.upper()}__{key.upper()}": str(value) for key, value in values.items()})
     env.update({
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(dp)),
         "MOSS_GATEWAY_STATE_DIR": str(Path(args.state_dir) / f"dp{dp}"),
@@ -245,11 +345,6 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
         "MOSS_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": str(args.gpu_memory_utilization),
         "MOSS_GATEWAY_ENGINE__KV_CACHE_MEMORY_BYTES": str(args.kv_cache_memory_bytes),
-        "MOSS_GATEWAY_AUDIO__MAX_DURATION_S": "3000",
-        "MOSS_GATEWAY_LONGFORM__MAX_DURATION_S": "3000",
-        "MOSS_GATEWAY_LIMITS__MAX_CONCURRENT_REQUESTS": str(SCALED_STREAMS),
-        "MOSS_GATEWAY_LIMITS__MAX_QUEUED_REQUESTS": str(SCALED_STREAMS),
-        "MOSS_GATEWAY_QUALIFICATION__QUALIFY_ON_START": "false",
     })
     return env
 
@@ -264,18 +359,22 @@ async def _client(spec: dict[str, Any], work: Path, label: str) -> dict[str, Any
     return result
 
 
-def block_spec(cell: str, *, url: str, token: str, files: dict[str, list[str]], program_tokens: int) -> dict[str, Any]:
-    """The client spec of one block: 128 x 12 s at 153 tokens, or the program once through the chunked track.
+def block_spec(
+    cell: str, *, url: str, token: str, files: dict[str, list[str]], program_tokens: int,
+    requests_per_worker: int = 1, processes: int = 1,
+) -> dict[str, Any]:
+    """The client spec of one block: 128 (or 256) streams of 12 s clips at 153 tokens, or the program once, chunked.
 
+    Short cells: each stream sends `requests_per_worker` clips back to back, from `processes` client processes.
     `program_tokens` is per chunk (the gateway applies max_completion_tokens to each chunk).
     """
-    base = {"url": url, "token": token, "requests_per_worker": 1, "response_format": "json"}
-    if cell == SHORT_CELL:
-        return {**base, "files": files[SHORT_CELL], "concurrency": SHORT_STREAMS, "output_tokens": SHORT_TOKENS}
-    if cell == SCALED_CELL:
-        return {**base, "files": files[SCALED_CELL], "concurrency": SCALED_STREAMS, "output_tokens": SHORT_TOKENS}
+    base = {"url": url, "token": token, "response_format": "json"}
+    if cell in (SHORT_CELL, SCALED_CELL):
+        streams = SHORT_STREAMS if cell == SHORT_CELL else SCALED_STREAMS
+        return {**base, "files": files[cell][: streams * requests_per_worker], "concurrency": streams,
+                "requests_per_worker": requests_per_worker, "output_tokens": SHORT_TOKENS, "processes": processes}
     return {
-        **base, "files": files[PROGRAM_CELL], "concurrency": 1, "output_tokens": program_tokens,
+        **base, "files": files[PROGRAM_CELL], "concurrency": 1, "requests_per_worker": 1, "output_tokens": program_tokens,
         "chunking_strategy": json.dumps({"type": "server_vad"}),
     }
 
@@ -297,12 +396,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for dp in dps
     }
-    scaled = [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i))) for i in range(SCALED_STREAMS)]
-    files = {
-        SHORT_CELL: scaled[:SHORT_STREAMS],
-        SCALED_CELL: scaled,
-        PROGRAM_CELL: [str(write_wav(work / "program.wav", noise_pcm16(PROGRAM_DURATION_S, 7)))],
-    }
+    clips = [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i)))
+             for i in range(SCALED_STREAMS * args.requests_per_worker)]
+    program_pcm = noise_pcm16(PROGRAM_DURATION_S, 7)
+    files = {SHORT_CELL: clips, SCALED_CELL: clips, PROGRAM_CELL: [str(write_wav(work / "program.wav", program_pcm))]}
     try:
         started = time.monotonic()
         for dp, port in ports.items():
@@ -314,25 +411,38 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(1)
             result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
         result["ready_s"] = time.monotonic() - started
-        per_chunk = program_chunk_tokens()
-        result["program_tokens_per_chunk"] = per_chunk
+        chunks, per_chunk = program_plan(args, program_pcm)
+        result["program_plan"] = {"chunks": chunks, "tokens_per_chunk": per_chunk, "forced_tokens": chunks * per_chunk,
+                                  "chunk_target_s": args.chunk_target_s}
         names = blocks(program_dps=args.program_dp)
         for dp in dps:  # warm-up: every shape once on each gateway, not measured
             for cell in (SHORT_CELL, SCALED_CELL, PROGRAM_CELL):
                 spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
-                await _client({**spec, "concurrency": 1, "files": spec["files"][:1], "output_tokens": 16}, work, f"warm{dp}")
+                await _client({**spec, "concurrency": 1, "requests_per_worker": 1, "processes": 1, "files": spec["files"][:1],
+                               "output_tokens": 16}, work, f"warm{dp}")
         for repeat, cell, dp in schedule(names, args.repeats):
             if time.monotonic() - started > args.deadline_s:
                 result.setdefault("skipped", []).append(f"{cell}@{dp} repeat {repeat}: past the deadline")
                 continue
             spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files,
-                              program_tokens=per_chunk)
+                              program_tokens=per_chunk, requests_per_worker=args.requests_per_worker,
+                              processes=args.client_processes)
+            sampler = RankSampler(f"http://127.0.0.1:{ports[dp]}")
+            sampler.start()
             answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
+            ranks = await sampler.stop()
             records = answer.get("records", [])
-            audio_s = PROGRAM_DURATION_S if cell == PROGRAM_CELL else SHORT_AUDIO_S
-            result["rows"].append(dp_row(cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)),
-                                         requests=len(spec["files"]), dp=dp,
-                                         ok=sum(1 for r in records if r.get("status") == 200), audio_s=audio_s))
+            program = cell == PROGRAM_CELL
+            row = dp_row(
+                cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)), requests=len(spec["files"]), dp=dp,
+                ok=sum(1 for r in records if r.get("status") == 200),
+                audio_s=PROGRAM_DURATION_S if program else SHORT_AUDIO_S,
+                generated_tokens=sum(int(r.get("header_generated_tokens") or 0) for r in records),
+                forced_tokens=chunks * per_chunk if program else len(spec["files"]) * SHORT_TOKENS,
+            )
+            row.update(running_per_rank=ranks, client_processes=answer.get("processes", 1),
+                       shard_walls_s=answer.get("shard_walls_s"))
+            result["rows"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=1))
             logger.info("%s", result["rows"][-1])
     finally:
@@ -369,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--start-timeout-s", type=float, default=300.0)
     r.add_argument("--deadline-s", type=float, default=480.0)
     r.add_argument("--allow-unqualified", action="store_true")
+    r.add_argument("--requests-per-worker", type=int, default=2, help="clips each stream sends back to back (short cells)")
+    r.add_argument("--client-processes", type=int, default=8, help="client processes the short cells' load is split over")
+    r.add_argument("--chunk-target-s", type=float, default=290.0, help="the gateways' chunk length (longform.target_s)")
     p = sub.add_parser("report")
     p.add_argument("file", type=Path)
     p.add_argument("--plot", type=Path, default=None)

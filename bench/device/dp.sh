@@ -58,7 +58,8 @@ b)
   timeout -k 10 "$LEFT" python3 -m bench.dp run --model "$CKPT" --out "$OUT/dp.json" --repeats "${REPEATS:-3}" \
       --program-dp "${PROGRAM_DP:-2,1}" --api-processes "${API_PROCESSES:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
-      --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
+      --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
+      --chunk-target-s "${CHUNK_TARGET_S:-290}" --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
   echo "done in $((SECONDS - T0)) s (bench rc=$rc)"

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from bench import dp
+from bench.workloads import PROGRAM_DURATION_S, noise_pcm16
+from service.settings import GatewaySettings
 
 
 def test_every_block_runs_in_every_repetition_in_a_rotated_order() -> None:
@@ -25,7 +27,8 @@ def rows(short_walls: dict[int, list[float]], program_walls: list[float]) -> lis
         for repeat, wall in enumerate(walls):
             out.append(dp.dp_row(cell=dp.SHORT_CELL, repeat=repeat, wall_s=wall, requests=128, dp=d, ok=128, audio_s=12.0))
     for repeat, wall in enumerate(program_walls):
-        out.append(dp.dp_row(cell=dp.PROGRAM_CELL, repeat=repeat, wall_s=wall, requests=1, dp=2, ok=1, audio_s=2861.5))
+        out.append(dp.dp_row(cell=dp.PROGRAM_CELL, repeat=repeat, wall_s=wall, requests=1, dp=2, ok=1, audio_s=2861.5,
+                             generated_tokens=36_500, forced_tokens=36_500))
     return out
 
 
@@ -69,11 +72,70 @@ def test_the_report_table_and_plot(tmp_path: Path) -> None:
     assert dp.plot(summary, tmp_path / "dp.png").stat().st_size > 0
 
 
-def test_the_two_gateways_differ_only_in_dp_and_devices() -> None:
-    args = argparse.Namespace(
+def bench_args(**overrides: object) -> argparse.Namespace:
+    values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
-        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes=4,
+        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes=4, chunk_target_s=290.0, requests_per_worker=2,
     )
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_a_program_block_short_of_the_programs_tokens_is_not_a_program_run() -> None:
+    """Regression: a run planned 36 chunks while the gateway cut 5, so it forced 5 x 1,014 tokens and looked fast."""
+    data = rows({}, [4.0, 4.1, 3.9])
+    for row in data[:2]:
+        row["generated_tokens"] = row["forced_tokens"] = 5 * 1014
+    summary = dp.summarize(data)
+    entry = summary["cells"][dp.PROGRAM_CELL]["2"]
+    assert entry["incomplete"] == 2 and entry["median_wall_s"] == 3.9
+    assert "| 2 |" in dp.render(summary).splitlines()[2]
+
+
+def test_a_short_block_that_generated_fewer_tokens_than_forced_counts_for_no_ratio() -> None:
+    data = rows({1: [4.0], 2: [2.0]}, [])
+    for row in data:
+        row["forced_tokens"], row["generated_tokens"] = 128 * 153, 128 * 153
+    data[1]["generated_tokens"] -= 1
+    assert dp.summarize(data)["short_ratio_per_repeat"] == []
+
+
+def test_the_bench_plans_the_chunks_with_the_gateways_settings() -> None:
+    """What the gateways get (environment) and what the bench plans with come from one dict."""
+    args = bench_args()
+    env = dp.gateway_env(args, dp=1, port=1, token="t")
+    assert env["MOSS_GATEWAY_LONGFORM__TARGET_S"] == "290.0" and env["MOSS_GATEWAY_AUDIO__MAX_DURATION_S"] == "3000"
+    chunks, per_chunk = dp.program_plan(args, noise_pcm16(PROGRAM_DURATION_S, 7))
+    assert 9 <= chunks <= 11 and per_chunk * chunks >= 36_492 > (per_chunk - 1) * chunks
+    served = GatewaySettings(
+        audio={"max_duration_s": env["MOSS_GATEWAY_AUDIO__MAX_DURATION_S"]},
+        longform={k.removeprefix("MOSS_GATEWAY_LONGFORM__").lower(): v for k, v in env.items() if k.startswith("MOSS_GATEWAY_LONGFORM__")},
+    )
+    assert served.chunking_defaults()["target_s"] == 290.0 and served.longform.max_concurrent_chunks >= chunks
+
+
+def test_running_requests_are_read_per_rank_from_metrics() -> None:
+    page = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        'vllm:num_requests_running{engine="0",model_name="m"} 60.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 4.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 9.0',
+    ])
+    assert dp.running_per_rank(page) == {"0": 60.0, "1": 4.0}
+    ranks = dp.summarize_ranks([{"0": 0.0, "1": 0.0}, {"0": 60.0, "1": 4.0}, {"0": 40.0, "1": 8.0}])
+    assert ranks == {"0": {"max": 60.0, "mean_busy": 50.0, "samples": 2}, "1": {"max": 8.0, "mean_busy": 6.0, "samples": 2}}
+
+
+def test_short_blocks_send_several_clips_per_stream_from_several_processes() -> None:
+    files = {dp.SHORT_CELL: [f"f{i}" for i in range(600)], dp.SCALED_CELL: [f"f{i}" for i in range(600)], dp.PROGRAM_CELL: ["p"]}
+    spec = dp.block_spec(dp.SCALED_CELL, url="u", token="t", files=files, program_tokens=9, requests_per_worker=2, processes=8)
+    assert spec["concurrency"] == 256 and len(spec["files"]) == 512 and spec["processes"] == 8
+    program = dp.block_spec(dp.PROGRAM_CELL, url="u", token="t", files=files, program_tokens=9, requests_per_worker=2, processes=8)
+    assert program["output_tokens"] == 9 and program.get("processes", 1) == 1 and program["files"] == ["p"]
+
+
+def test_the_two_gateways_differ_only_in_dp_and_devices() -> None:
+    args = bench_args()
     one, two = (dp.gateway_env(args, dp=d, port=1, token="t") for d in (1, 2))
     differ = {k for k in one.keys() | two.keys() if one.get(k) != two.get(k)}
     assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE", "MOSS_GATEWAY_STATE_DIR"}
