@@ -325,6 +325,22 @@ async def _timed_request(engine: Any, audio: Any, instruction: str, max_tokens: 
     return row
 
 
+async def _batch_probe(engine: Any, instruction: str, batch: dict[str, Any], seed: int) -> dict[str, Any]:
+    """`streams` requests of `audio_s` at once, `tokens` forced each: s/step of the batch (median over its requests)."""
+    streams = int(batch["streams"])
+    audios = [pcm16_to_float(noise_pcm16(float(batch["audio_s"]), seed + 1 + i)) for i in range(streams)]
+    started = time.perf_counter()
+    rows = await asyncio.gather(*(_timed_request(engine, a, instruction, int(batch["tokens"])) for a in audios))
+    steps = sorted(r["s_per_step"] for r in rows if r.get("s_per_step"))
+    return {
+        "streams": streams, "audio_s": float(batch["audio_s"]), "tokens": int(batch["tokens"]),
+        "wall_s": time.perf_counter() - started,
+        "s_per_step_median": steps[len(steps) // 2] if steps else None,
+        "ttft_s_max": max((r["ttft_s"] or 0.0) for r in rows),
+        "prompt_tokens": [r["prompt_tokens"] for r in rows],
+    }
+
+
 def _profiled_factory(profile_dir: Path) -> Any:
     """vllm_engine_factory with vLLM's torch profiler configured (bench-only: not an engine choice)."""
     from service.app import vllm_engine_factory
@@ -408,6 +424,11 @@ def run_probe(spec: dict[str, Any], out_path: Path) -> dict[str, Any]:
                     None if row["s_per_step"] is None else round(1000 * row["s_per_step"], 3), row["ttft_s"] or -1,
                 )
                 save()
+        batch = spec.get("batch_probe")
+        if batch:  # the chunked program's shape: several chunks decoded at once at a short context
+            result["batch_probe"] = await _batch_probe(engine, instruction, batch, seed)
+            seed += int(batch["streams"])
+            save()
         if profile:
             seed += 1
             audio = pcm16_to_float(noise_pcm16(float(profile["audio_s"]), seed))
@@ -953,6 +974,8 @@ def device(args: argparse.Namespace) -> int:
             "tokens": probe_tokens,
             "warmup_audio_s": 5.0 if smoke else 12.0,
             "seed": 5000 + 100 * len(run.sweep),
+            # the chunked program's shape (10 chunks of about 290 s at once): a choice may help one and hurt the other
+            "batch_probe": {"streams": 4 if smoke else 10, "audio_s": 20.0 if smoke else 290.0, "tokens": probe_tokens},
         }
         if with_profile and not args.no_profile:
             spec["profile"] = {
@@ -975,6 +998,7 @@ def device(args: argparse.Namespace) -> int:
             "s_per_step_long_all": [r["s_per_step"] for r in long_rows],
             "prompt_tokens_long": long_rows[0]["prompt_tokens"] if long_rows else None,
             "ttft_long_s": [r["ttft_s"] for r in long_rows], "error": data.get("error"),
+            "batch_probe": data.get("batch_probe"),
         }
         run.sweep.append(entry)
         run.probes.extend({k: v for k, v in r.items()} for r in rows)
@@ -1088,12 +1112,14 @@ def plot(steps_path: Path, program_path: Path, out: Path) -> Path:
 
 def summary_table(steps: dict[str, Any], program: dict[str, Any]) -> str:
     """The short table printed last (the device call returns the end of the output)."""
-    lines = ["", "choice | engine start s | ms/step at the program's prompt | backends | exit"]
+    lines = ["", "choice | engine start s | ms/step at the program's prompt (all) | ms/step, 10 x 290 s at once | backends | exit"]
     for entry in steps.get("sweep", []):
         value = entry.get("s_per_step_long")
+        batch = (entry.get("batch_probe") or {}).get("s_per_step_median")
+        every = ", ".join(f"{1000 * v:.3f}" for v in entry.get("s_per_step_long_all") or [])
         lines.append(
-            f"{entry['choice']} | {_fmt(entry.get('engine_start_s'))} | {'-' if value is None else f'{1000 * value:.3f}'} | "
-            f"{','.join(entry.get('attention_backends') or []) or '-'} | {entry.get('exit')}"
+            f"{entry['choice']} | {_fmt(entry.get('engine_start_s'))} | {'-' if value is None else f'{1000 * value:.3f}'} ({every}) | "
+            f"{'-' if batch is None else f'{1000 * batch:.3f}'} | {','.join(entry.get('attention_backends') or []) or '-'} | {entry.get('exit')}"
         )
     if steps.get("skipped"):
         lines.append("skipped: " + "; ".join(steps["skipped"]))
