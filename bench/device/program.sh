@@ -30,6 +30,14 @@
 # CHUNK_TARGET_S=290, NO_PROFILE=1, PHASES=profile,sweep,program (default). With device time for a third call,
 # give the sweep a call of its own: B1 with PHASES=profile,sweep, then within 30 s B2 (same machine: the
 # unpacked bundle and the checkpoint are reused, the carry is the same) with PHASES=program CHOICE=<chosen in B1>.
+#
+# On a host of two GPUs (kind nvidia-h200-x2), `pair` runs both halves at once, each on its own GPU, CPU cores,
+# state and vLLM cache (so neither measures the other's compiles): the sweep (B1: PHASES=profile,sweep, no
+# profiler capture) on GPU 1 and the upper half of the cores, and the program with CHOICE (default baseline) qualified at start-up
+# (B2: PHASES=program, QUALIFY) on GPU 0 and the lower half. Files back: $OUT/b1/{log,decode_steps.json},
+# $OUT/b2/{log,program.json,decode_steps.json,<record>.json}.
+#   run kind=nvidia-h200-x2 carry=[".whl/site_all.tar.xz.part-2"] timeout_s=600
+#       set -o pipefail; DEADLINE_S=565 MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/program.sh pair 2>&1 | tee $OUT/pair.log
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
@@ -65,8 +73,37 @@ b)
   echo "call B done in $((SECONDS - T0)) s (bench.program rc=$rc)"
   exit "$rc"
   ;;
+pair)
+  unpack_bundle
+  if ! python3 -c "import soundfile" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl || true
+  fi
+  build_checkpoint
+  LEFT=$((DEADLINE - (SECONDS - T0)))
+  echo "pair starts at $((SECONDS - T0)) s with ${LEFT} s left"
+  pin() { if command -v taskset >/dev/null && taskset -c "$1" true 2>/dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
+  HALF=$(( $(nproc) / 2 ))
+  mkdir -p "$OUT/b1" "$OUT/b2"
+  ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vllm-cache-b1
+    pin "$HALF-$((2 * HALF - 1))" timeout -k 10 "$LEFT" python3 -m bench.program device --model "$CKPT" --out-dir "$OUT/b1" \
+        --deadline-s $((LEFT - 15)) --state-dir /tmp/state-b1 --no-plot --no-profile --phases profile,sweep \
+        ${SWEEP:+--sweep "$SWEEP"} > "$OUT/b1/log" 2>&1 ) &
+  B1=$!
+  ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vllm-cache-b2
+    pin "0-$((HALF - 1))" timeout -k 10 "$LEFT" python3 -m bench.program device --model "$CKPT" --out-dir "$OUT/b2" \
+        --deadline-s $((LEFT - 15)) --state-dir /tmp/state-b2 --no-plot --phases program --choice "${CHOICE:-baseline}" \
+        --qualify ${CHUNK_TARGET_S:+--chunk-target-s "$CHUNK_TARGET_S"} > "$OUT/b2/log" 2>&1 ) &
+  B2=$!
+  rc1=0; rc2=0
+  wait "$B1" || rc1=$?
+  wait "$B2" || rc2=$?
+  cp /tmp/state-b2/qualification/records/*.json "$OUT/b2/" 2>/dev/null || true
+  rm -f "$OUT/bench_checkpoint_build.json"
+  tail -n 25 "$OUT/b1/log"; tail -n 25 "$OUT/b2/log"
+  echo "pair done in $((SECONDS - T0)) s (sweep rc=$rc1, program rc=$rc2)"
+  ;;
 *)
-  echo "usage: bash bench/device/program.sh a|b" >&2
+  echo "usage: bash bench/device/program.sh a|keep|b|pair" >&2
   exit 2
   ;;
 esac
