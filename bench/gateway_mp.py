@@ -11,26 +11,50 @@ The gate: the service's own logic first (identity, records, the start-up
 qualification when `--qualify`); a gate still closed is then opened for the
 benchmark only, under an unqualified id, as the in-process gateway does with
 `--allow-unqualified` (bench/harness.py).
+
+The `direct-mp` path (`direct_port`): the group gets one API process
+more than it has front ends, and that last one is not a front end but the bare
+engine path, `direct`, as one more `AsyncLLM` client of the **same** engine core
+(`run_direct_client`): a small control server on PORT runs a block of direct
+requests when asked (`POST /direct`) and answers with its records. So
+`gateway-mp` and `direct-mp` are compared on one engine, and the spread between
+engine instances (several per cent on the GPU host) drops out of their ratio.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
+import uvicorn
+from setproctitle import setproctitle
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
+from bench.harness import direct_block
 from bench.vllm_serve import _die_with_parent, log_tail, stop_session
-from service.frontends import serve_frontends
+from bench.workloads import read_wav_float
+from service.app import vllm_engine_factory
+from service.engine.vllm_engine import FrontendClient
+from service.frontends import NOT_CLIENT_ADDRESSES, FrontendArgs, run_frontend, serve_frontends
 from service.gate import open_gate_from_records
+from service.prompt import build_instruction
 from service.settings import GatewaySettings
 from service.state import GatewayState
 
@@ -67,16 +91,80 @@ def every_frontend_ready(url: str, api_processes: int) -> bool:
     return False
 
 
+#: The environment variable that tells the group's last API process to be the direct client, on this port.
+DIRECT_PORT_ENV = "MOSS_BENCH_DIRECT_PORT"
+
+
+def bench_target(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
+    """What each API process of the benchmark's group runs: front ends, and the direct client last (if asked)."""
+    last = int(client_config["client_index"]) == int(client_config["client_count"]) - 1
+    if last and os.environ.get(DIRECT_PORT_ENV):
+        run_direct_client(sock, args, client_config, port=int(os.environ[DIRECT_PORT_ENV]))
+    else:
+        run_frontend(listen_address, sock, args, client_config)
+
+
+def run_direct_client(sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any], *, port: int) -> None:
+    """The direct path as one more client of the group's engine core, driven over a control port."""
+    sock.close()  # never accepts the gateway's connections: those are the front ends'
+    setproctitle("moss-gateway::bench-direct")
+    client = FrontendClient(
+        addresses={k: v for k, v in client_config.items() if k not in NOT_CLIENT_ADDRESSES},
+        count=int(client_config["client_count"]),
+        index=int(client_config["client_index"]),
+    )
+    app = direct_app(args.settings, client)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def direct_app(settings: GatewaySettings, client: FrontendClient) -> Starlette:
+    """`GET /ready` (200 once the engine client is up) and `POST /direct` (one block of direct requests)."""
+    engine = vllm_engine_factory(settings, frontend=client)
+    started: dict[str, bool] = {"up": False}
+    instruction = build_instruction(None, ())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine.start()  # on the running loop, as the front ends build theirs (service/app.py)
+        await engine.attention_backends()  # its first answer from the core: the client is live
+        started["up"] = True
+        try:
+            yield
+        finally:
+            engine.shutdown()
+
+    async def ready(request: Request) -> JSONResponse:
+        return JSONResponse({"ready": started["up"]}, status_code=200 if started["up"] else 503)
+
+    async def run_block(request: Request) -> JSONResponse:
+        spec = await request.json()
+        audios = [read_wav_float(Path(f)) for f in spec["files"]]  # decoded before the clock starts, as `direct`
+        cpu_started = time.process_time()
+        wall, records = await direct_block(
+            engine, audios, int(spec["concurrency"]), int(spec["requests_per_worker"]), int(spec["max_tokens"]),
+            instruction, stream_deltas=False,
+        )
+        return JSONResponse({"wall_s": wall, "records": records, "cpu_s": time.process_time() - cpu_started})
+
+    routes = [Route("/ready", ready), Route("/direct", run_block, methods=["POST"])]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
 class GatewayProcesses:
     """One gateway with `api_processes` front ends for the whole run (started once, stopped at the end)."""
 
-    def __init__(self, settings: GatewaySettings, *, api_processes: int, port: int, log_path: Path) -> None:
-        server = settings.server.model_copy(update={"port": port, "api_processes": api_processes})
+    def __init__(
+        self, settings: GatewaySettings, *, api_processes: int, port: int, log_path: Path, direct_port: int | None = None
+    ) -> None:
+        # with a direct client, one API process more than front ends (bench_target makes the last one direct)
+        processes = api_processes + (1 if direct_port else 0)
+        server = settings.server.model_copy(update={"port": port, "api_processes": processes})
         self.settings = settings.model_copy(
             update={"server": server, "state_dir": settings.state_dir.with_name(settings.state_dir.name + "-mp")}
         )
         self.api_processes = api_processes
         self.url = f"http://127.0.0.1:{port}"
+        self.direct_url = f"http://127.0.0.1:{direct_port}" if direct_port else None
         token = settings.server.admin_token
         self.token = token.get_secret_value() if token else None
         self.log_path = log_path
@@ -93,6 +181,8 @@ class GatewayProcesses:
         env = dict(os.environ)
         root = Path(os.environ.get("VLLM_CACHE_ROOT", "~/.cache/vllm")).expanduser()
         env["VLLM_CACHE_ROOT"] = str(root / "bench-gateway-mp")  # its own compile cache, like vllm serve's
+        if self.direct_url:
+            env[DIRECT_PORT_ENV] = self.direct_url.rsplit(":", 1)[1]
         log = self.log_path.open("wb")
         self.started_at = time.monotonic()
         self.process = subprocess.Popen(
@@ -107,13 +197,34 @@ class GatewayProcesses:
         while True:
             if self.process is None or self.process.poll() is not None:
                 raise RuntimeError(f"gateway-mp exited before it was ready; see {self.log_path}:\n{self.tail()}")
-            if await asyncio.to_thread(every_frontend_ready, self.url, self.api_processes):
+            if await asyncio.to_thread(every_frontend_ready, self.url, self.api_processes) and await self._direct_ready():
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"gateway-mp was not ready within {timeout_s:.0f} s:\n{self.tail()}")
             await asyncio.sleep(1.0)
         self.ready_s = time.monotonic() - (self.started_at or time.monotonic())
         logger.info("gateway-mp ready in %.1f s", self.ready_s)
+
+    async def _direct_ready(self) -> bool:
+        if self.direct_url is None:
+            return True
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                return (await client.get(f"{self.direct_url}/ready")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def direct_block(
+        self, files: list[Path], concurrency: int, per_worker: int, max_tokens: int
+    ) -> tuple[float, list[dict[str, Any]], float | None]:
+        """One block of the direct-mp path: wall time, records and the direct client's CPU seconds."""
+        if self.direct_url is None:
+            raise RuntimeError("gateway-mp was started without a direct client (direct_port)")
+        spec = {"files": [str(f) for f in files], "concurrency": concurrency, "requests_per_worker": per_worker,
+                "max_tokens": max_tokens}
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client:
+            answer = (await client.post(f"{self.direct_url}/direct", json=spec)).raise_for_status().json()
+        return float(answer["wall_s"]), list(answer["records"]), answer.get("cpu_s")
 
     def cpu_s(self) -> float | None:
         """User plus system CPU seconds of the parent and its front-end processes.
@@ -143,10 +254,12 @@ class GatewayProcesses:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    settings = GatewaySettings.model_validate(json.loads(Path(args[0]).read_text()))
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway_mp")
+    parser.add_argument("settings", type=Path)
+    args = parser.parse_args(argv)
+    settings = GatewaySettings.model_validate(json.loads(args.settings.read_text()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve_frontends(settings, on_ready=open_gate_for_benchmark)
+    return serve_frontends(settings, on_ready=open_gate_for_benchmark, target=bench_target)
 
 
 if __name__ == "__main__":

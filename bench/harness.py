@@ -459,49 +459,10 @@ class EngineBench:
         stream_deltas: bool = True,
         want_logprobs: int | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
-        from service.engine.protocol import GenerationRequest
-
-        records: list[dict[str, Any]] = []
-
-        async def one(index: int) -> None:
-            request = GenerationRequest(
-                request_id=f"bench-direct-{uuid.uuid4().hex[:16]}",
-                audio=audios[index],
-                instruction=instruction,
-                max_tokens=max_tokens,
-                ignore_eos=True,
-                stream_deltas=stream_deltas,
-                want_logprobs=want_logprobs,
-            )
-            started = time.perf_counter()
-            first = None
-            final = None
-            async for update in engine.generate(request):
-                if first is None and update.token_ids_delta:
-                    first = time.perf_counter()
-                if update.finished:
-                    final = update
-            done = time.perf_counter()
-            ttft = None if first is None else first - started
-            timings = getattr(final, "timings", None)
-            if not stream_deltas and timings is not None and timings.first_token and timings.submitted:
-                # one final output only: the adapter's timer (the engine's own arrival-to-first-token)
-                ttft = timings.first_token - timings.submitted
-            records.append(
-                {
-                    "index": index,
-                    "status": 200 if final is not None else 500,
-                    "t_start": started,
-                    "t_end": done,
-                    "latency_s": done - started,
-                    "ttft_s": ttft,
-                    "generated_tokens": None if final is None else len(final.all_token_ids),
-                    "prompt_tokens": None if final is None else final.prompt_token_count,
-                    "finish_reason": None if final is None else final.finish_reason,
-                }
-            )
-
-        return await closed_loop(one, records, concurrency, per_worker)
+        return await direct_block(
+            engine, audios, concurrency, per_worker, max_tokens, instruction,
+            stream_deltas=stream_deltas, want_logprobs=want_logprobs,
+        )
 
     async def raw_block(
         self,
@@ -634,6 +595,63 @@ def _runner() -> asyncio.Runner:
         return asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         return asyncio.Runner()
+
+
+async def direct_block(
+    engine: Any,
+    audios: list[np.ndarray],
+    concurrency: int,
+    per_worker: int,
+    max_tokens: int,
+    instruction: str,
+    *,
+    stream_deltas: bool = True,
+    want_logprobs: int | None = None,
+) -> tuple[float, list[dict[str, Any]]]:
+    """The direct path: the engine object's `generate` with the engine request the gateway builds, closed loop."""
+    from service.engine.protocol import GenerationRequest
+
+    records: list[dict[str, Any]] = []
+
+    async def one(index: int) -> None:
+        request = GenerationRequest(
+            request_id=f"bench-direct-{uuid.uuid4().hex[:16]}",
+            audio=audios[index],
+            instruction=instruction,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            stream_deltas=stream_deltas,
+            want_logprobs=want_logprobs,
+        )
+        started = time.perf_counter()
+        first = None
+        final = None
+        async for update in engine.generate(request):
+            if first is None and update.token_ids_delta:
+                first = time.perf_counter()
+            if update.finished:
+                final = update
+        done = time.perf_counter()
+        ttft = None if first is None else first - started
+        timings = getattr(final, "timings", None)
+        if not stream_deltas and timings is not None and timings.first_token and timings.submitted:
+            # one final output only: the adapter's timer (the engine's own arrival-to-first-token)
+            ttft = timings.first_token - timings.submitted
+        records.append(
+            {
+                "index": index,
+                "status": 200 if final is not None else 500,
+                "t_start": started,
+                "t_end": done,
+                "latency_s": done - started,
+                "ttft_s": ttft,
+                "generated_tokens": None if final is None else len(final.all_token_ids),
+                "prompt_tokens": None if final is None else final.prompt_token_count,
+                "finish_reason": None if final is None else final.finish_reason,
+            }
+        )
+
+    return await closed_loop(one, records, concurrency, per_worker)
 
 
 async def closed_loop(

@@ -26,10 +26,12 @@ from typing import Any
 PATHS = ("direct", "gateway", "vllm-serve")
 #: The gateway as deployed with several front-end processes on its own engine (bench/gateway_mp.py).
 MULTIPROCESS_PATH = "gateway-mp"
+#: `direct` as one more client of gateway-mp's own engine core: gateway-mp's same-engine reference.
+MULTIPROCESS_DIRECT_PATH = "direct-mp"
 #: Diagnostic paths (`--paths` may name them; not part of the ratios): `direct-top5` is `direct` asking
 #: for the top-5 log-probabilities of every token, `gateway-verbose` the gateway asked for
 #: `verbose_json` -- the pair the benchmark compared before this protocol (see docs/benchmarks.md).
-EXTRA_PATHS = ("direct-top5", "gateway-verbose", MULTIPROCESS_PATH)
+EXTRA_PATHS = ("direct-top5", "gateway-verbose", MULTIPROCESS_PATH, MULTIPROCESS_DIRECT_PATH)
 MIN_REPEATS = 3
 
 #: The ratios the report gives: (name, numerator path, denominator path).
@@ -39,6 +41,8 @@ RATIOS = (
     ("vllm-serve/direct", "vllm-serve", "direct"),
     ("gateway-mp/direct", MULTIPROCESS_PATH, "direct"),
     ("gateway-mp/vllm-serve", MULTIPROCESS_PATH, "vllm-serve"),
+    ("gateway-mp/direct-mp", MULTIPROCESS_PATH, MULTIPROCESS_DIRECT_PATH),
+    ("direct-mp/direct", MULTIPROCESS_DIRECT_PATH, "direct"),
 )
 
 
@@ -222,18 +226,34 @@ def summarize_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         # The gateway's own time per request: its mean latency minus the direct engine's, paired by
         # repetition (both ran on the same engine seconds apart); the share is of the direct latency.
-        extra = []
-        if "gateway" in by_path and "direct" in by_path:
-            for repeat in sorted(set(by_path["gateway"]) & set(by_path["direct"])):
-                g, d = by_path["gateway"][repeat], by_path["direct"][repeat]
-                if g.get("latency_mean_s") is not None and d.get("latency_mean_s") is not None:
-                    extra.append(float(g["latency_mean_s"]) - float(d["latency_mean_s"]))
-        summary["gateway_extra_latency_s"] = spread(extra)
-        direct_latency = paths.get("direct", {}).get("latency_mean_s")
-        if extra and direct_latency:
-            summary["gateway_extra_latency_share"] = float(median(extra) or 0.0) / direct_latency
+        # gateway-mp's is against direct-mp, the direct client of its own engine core.
+        for key, num, den in (("gateway", "gateway", "direct"), ("gateway_mp", MULTIPROCESS_PATH, MULTIPROCESS_DIRECT_PATH)):
+            extra = own_time(by_path, num, den)
+            if key == "gateway" or extra:
+                summary[f"{key}_extra_latency_s"] = spread(extra)
+            den_latency = paths.get(den, {}).get("latency_mean_s")
+            if extra and den_latency:
+                summary[f"{key}_extra_latency_share"] = float(median(extra) or 0.0) / den_latency
         out.append(summary)
     return out
+
+
+def own_time(by_path: dict[str, dict[int, dict[str, Any]]], num: str, den: str) -> list[float]:
+    """Per repetition with both blocks: `num`'s mean latency minus `den`'s (seconds)."""
+    if num not in by_path or den not in by_path:
+        return []
+    out = []
+    for repeat in sorted(set(by_path[num]) & set(by_path[den])):
+        a, b = by_path[num][repeat].get("latency_mean_s"), by_path[den][repeat].get("latency_mean_s")
+        if a is not None and b is not None:
+            out.append(float(a) - float(b))
+    return out
+
+
+def _own(summary: dict[str, Any], key: str) -> str:
+    share = summary.get(f"{key}_extra_latency_share")
+    extra = summary.get(f"{key}_extra_latency_s") or {}
+    return "-" if share is None else f"{extra['median'] * 1000:+.1f} ms = {share * 100:+.2f} %"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -251,8 +271,10 @@ def _ratio(entry: dict[str, Any] | None) -> str:
 def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
     """One line a cell: median audio-s/s per path (min-max), the median ratios with their spread.
 
-    The gateway-mp path and its ratios get columns only when some cell measured it."""
-    extra = tuple(p for p in EXTRA_PATHS if p == MULTIPROCESS_PATH and any(p in s["paths"] for s in summaries))
+    The gateway-mp and direct-mp paths and their ratios get columns only when some cell measured them."""
+    extra = tuple(
+        p for p in (MULTIPROCESS_PATH, MULTIPROCESS_DIRECT_PATH) if any(p in s["paths"] for s in summaries)
+    )
     paths = (*PATHS, *extra)
     ratios = [r for r in RATIOS if r[1] in paths and r[2] in paths]
     header = [
@@ -260,6 +282,7 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
         *(f"{path} audio-s/s" for path in paths),
         *(f"{label} median (min-max; IQR; n)" if n == 0 else label for n, (label, _, _) in enumerate(ratios)),
         "gateway own time per request (latency - direct's, median) / direct latency",
+        *(["gateway-mp own time (latency - direct-mp's) / direct-mp latency"] if MULTIPROCESS_DIRECT_PATH in paths else []),
         f"process CPU ms/request {' / '.join(paths)}",
     ]
     lines = []
@@ -275,9 +298,9 @@ def render(summaries: list[dict[str, Any]], *, markdown: bool = False) -> str:
             cols.append(f"{_fmt(t['median'])} ({_fmt(t['min'])}-{_fmt(t['max'])}){flag}")
         for label, _, _ in ratios:
             cols.append(_ratio(s["ratios"].get(label)))
-        share = s.get("gateway_extra_latency_share")
-        extra_latency = s.get("gateway_extra_latency_s") or {}
-        cols.append("-" if share is None else f"{extra_latency['median'] * 1000:+.1f} ms = {share * 100:+.2f} %")
+        cols.append(_own(s, "gateway"))
+        if MULTIPROCESS_DIRECT_PATH in paths:
+            cols.append(_own(s, "gateway_mp"))
         cols.append(" / ".join(_fmt(s["paths"].get(p, {}).get("cpu_ms_per_request")) for p in paths))
         lines.append(cols)
     if markdown:

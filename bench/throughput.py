@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import EngineBench, _free_port, _runner, estimate_cell_s
-from bench.protocol import MIN_REPEATS, MULTIPROCESS_PATH, block_row, schedule, summarize_cells
+from bench.protocol import (
+    MIN_REPEATS,
+    MULTIPROCESS_DIRECT_PATH,
+    MULTIPROCESS_PATH,
+    block_row,
+    schedule,
+    summarize_cells,
+)
 from bench.workloads import Cell, describe_cell, pcm16_to_float, write_wav
 
 logger = logging.getLogger("bench")
@@ -95,17 +102,25 @@ class ThroughputBench(EngineBench):
         self.mp_ready = False
         self.mp_note: dict[str, Any] = {}
         self.result["gateway_mp"] = self.mp_note
-        if any(MULTIPROCESS_PATH in c.paths for c in cells):
+        if any(p in c.paths for c in cells for p in MP_PATHS):
             from bench.gateway_mp import GatewayProcesses
 
             count = int(getattr(args, "api_processes", None) or 4)
             log = out_path.with_name(out_path.stem + "-gateway-mp.log")
-            self.mp = GatewayProcesses(self.settings(), api_processes=count, port=_free_port(), log_path=log)
-            self.mp_note.update(api_processes=count, log=str(log))
+            direct_port = _free_port() if any(MULTIPROCESS_DIRECT_PATH in c.paths for c in cells) else None
+            self.mp = GatewayProcesses(
+                self.settings(), api_processes=count, port=_free_port(), log_path=log, direct_port=direct_port
+            )
+            self.mp_note.update(api_processes=count, log=str(log), direct_client=direct_port is not None)
             self.result["protocol"][MULTIPROCESS_PATH] = (
                 f"the gateway with {count} front-end processes on its own engine core (same settings), "
                 "one process group for the whole run"
             )
+            if direct_port is not None:
+                self.result["protocol"][MULTIPROCESS_DIRECT_PATH] = (
+                    "direct (final-only engine requests, decoded audio) as one more AsyncLLM client of gateway-mp's "
+                    "engine core, in its own process: gateway-mp's same-engine reference"
+                )
 
     def _drop_serve(self, reason: str) -> None:
         logger.warning("vllm-serve path skipped: %s", reason)
@@ -152,7 +167,7 @@ class ThroughputBench(EngineBench):
             self.result["skipped"].append(f"{MULTIPROCESS_PATH}: did not start ({type(exc).__name__})")
             await asyncio.to_thread(self.mp.stop)
             self.mp = None
-            self.cells = [_without(c, MULTIPROCESS_PATH) for c in self.cells]
+            self.cells = [_without(_without(c, MULTIPROCESS_PATH), MULTIPROCESS_DIRECT_PATH) for c in self.cells]
             return False
 
     async def _ensure_serve(self) -> bool:
@@ -175,8 +190,8 @@ class ThroughputBench(EngineBench):
 
         if "vllm-serve" in cell.paths and not await self._ensure_serve():
             cell = _without(cell, "vllm-serve")
-        if MULTIPROCESS_PATH in cell.paths and not await self._ensure_mp():
-            cell = _without(cell, MULTIPROCESS_PATH)
+        if any(p in cell.paths for p in MP_PATHS) and not await self._ensure_mp():
+            cell = _without(_without(cell, MULTIPROCESS_PATH), MULTIPROCESS_DIRECT_PATH)
         logger.info("cell %s, %d repetitions", describe_cell(cell), self.repeats)
         instruction = build_instruction(None, ())
         engine = state.engine
@@ -188,7 +203,11 @@ class ThroughputBench(EngineBench):
         # warm-up: one request of this shape per path (kernels, allocator, graphs, connections)
         for path in cell.paths:
             pcm = self._audio(cell, 1)[0]
-            if path.startswith("direct"):
+            if path == MULTIPROCESS_DIRECT_PATH:
+                wav = write_wav(cell_dir / f"warmup-{path}.wav", pcm)
+                await self.mp.direct_block([wav], 1, 1, cell.warmup_tokens)
+                wav.unlink(missing_ok=True)
+            elif path.startswith("direct"):
                 await self.direct_block(
                     engine,
                     [pcm16_to_float(pcm)],
@@ -219,17 +238,19 @@ class ThroughputBench(EngineBench):
                     self.result["skipped"].append(note)
                     break
             pcms = self._audio(cell, n)
-            files = (
-                []
-                if path.startswith("direct")
-                else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
-            )
-            audios = [pcm16_to_float(p) for p in pcms] if path.startswith("direct") else []
+            in_process = path.startswith("direct") and path != MULTIPROCESS_DIRECT_PATH
+            files = [] if in_process else [write_wav(cell_dir / f"r{repeat}-{i}.wav", p) for i, p in enumerate(pcms)]
+            audios = [pcm16_to_float(p) for p in pcms] if in_process else []
             tokens_before = await self.serve.generation_tokens() if path == "vllm-serve" else None
             serve_cpu = process_cpu_s(self.serve.process.pid) if path == "vllm-serve" else None
             mp_cpu = self.mp.cpu_s() if path == MULTIPROCESS_PATH else None
+            direct_mp_cpu: float | None = None
             cpu_started, loop_started = time.process_time(), time.thread_time()
-            if path.startswith("direct"):
+            if path == MULTIPROCESS_DIRECT_PATH:
+                wall, records, direct_mp_cpu = await self.mp.direct_block(
+                    files, cell.concurrency, cell.requests_per_worker, cell.output_tokens
+                )
+            elif in_process:
                 wall, records = await self.direct_block(
                     engine,
                     audios,
@@ -268,6 +289,8 @@ class ThroughputBench(EngineBench):
                 mp_after = self.mp.cpu_s()
                 cpu_s = None if mp_cpu is None or mp_after is None else mp_after - mp_cpu
                 loop_cpu_s = None
+            if path == MULTIPROCESS_DIRECT_PATH:
+                cpu_s, loop_cpu_s = direct_mp_cpu, None
             for f in files:
                 f.unlink(missing_ok=True)
             row = block_row(
@@ -320,6 +343,10 @@ class ThroughputBench(EngineBench):
         if path == "vllm-serve" and self.serve is not None:
             return {"url": self.serve.url, "token": None, "kind": "vllm", "model": self.serve_model, "stream": False}
         raise ValueError(f"no HTTP target for path {path}")
+
+
+#: The paths served by the one gateway-mp process group.
+MP_PATHS = (MULTIPROCESS_PATH, MULTIPROCESS_DIRECT_PATH)
 
 
 def _logprobs(path: str) -> int | None:

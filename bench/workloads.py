@@ -152,6 +152,15 @@ def write_wav(path: Path, pcm: np.ndarray) -> Path:
     return path
 
 
+def read_wav_float(path: Path) -> np.ndarray:
+    """A WAV written by `write_wav` back as float32 samples (what `direct` gets from `pcm16_to_float`)."""
+    with wave.open(str(path), "rb") as handle:
+        if handle.getsampwidth() != 2 or handle.getnchannels() != 1:
+            raise ValueError(f"{path}: expected 16-bit mono PCM")
+        pcm = np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i2")
+    return pcm16_to_float(pcm)
+
+
 def audio_tokens(duration_s: float) -> int:
     """Audio embedding tokens (per 30 s window of n samples: (n - 1) // 1280 + 1)."""
     total, n = 0, num_samples(duration_s)

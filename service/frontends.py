@@ -60,7 +60,7 @@ from service.app import (
     restart_delay_s,
     vllm_engine_factory,
 )
-from service.engine.core_launch import LaunchedEngine, launch
+from service.engine.core_launch import FrontendTarget, LaunchedEngine, launch
 from service.engine.vllm_engine import FrontendClient, frontend_engine_args
 from service.gate import open_gate_from_records, record_store_for, refresh_gate
 from service.metrics import GatewayMetrics
@@ -136,10 +136,13 @@ async def keep_in_step(state: GatewayState) -> None:
 class FrontendSupervisor:
     """The parent: launches the engine core and the front ends, waits, restarts the group, stops it in order."""
 
-    def __init__(self, settings: GatewaySettings, sock: socket.socket, on_ready: ReadyHook) -> None:
+    def __init__(
+        self, settings: GatewaySettings, sock: socket.socket, on_ready: ReadyHook, target: FrontendTarget
+    ) -> None:
         self.settings = settings
         self.sock = sock
         self.on_ready = on_ready
+        self.target = target
         host, port = sock.getsockname()[:2]
         self.listen_address = f"http://{host}:{port}"
         self.stopping = False
@@ -204,7 +207,7 @@ class FrontendSupervisor:
         return launch(
             vllm_config,
             count=count,
-            target=run_frontend,
+            target=self.target,
             listen_address=self.listen_address,
             sock=self.sock,
             args=FrontendArgs(settings=settings, slots=slots, on_ready=self.on_ready),
@@ -244,8 +247,16 @@ def listening_socket(settings: GatewaySettings) -> socket.socket:
     return socket.create_server((server.host, server.port), family=family, backlog=server.backlog)
 
 
-def serve_frontends(settings: GatewaySettings, *, on_ready: ReadyHook = open_gate_from_records) -> int:
-    """`moss-gateway serve` with `server.api_processes` > 1."""
+def serve_frontends(
+    settings: GatewaySettings, *, on_ready: ReadyHook = open_gate_from_records, target: FrontendTarget = run_frontend
+) -> int:
+    """`moss-gateway serve` with `server.api_processes` > 1.
+
+    `target` is what each of the API processes runs (vLLM's `target_server_fn`): the service's
+    `run_frontend`; the benchmark passes one that makes the last process a direct engine client
+    of the same core (bench/gateway_mp.py), so that the gateway and the bare engine are compared
+    on one engine.
+    """
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus  # vLLM's own directory and clean-up
 
@@ -254,6 +265,6 @@ def serve_frontends(settings: GatewaySettings, *, on_ready: ReadyHook = open_gat
     record_store_for(settings)  # the sealing key is made (or checked) once, here, before any front end reads it
     sock = listening_socket(settings)
     try:
-        return FrontendSupervisor(settings, sock, on_ready).run()
+        return FrontendSupervisor(settings, sock, on_ready, target).run()
     finally:
         sock.close()

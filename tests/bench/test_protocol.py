@@ -292,3 +292,22 @@ def test_launcher_answers_the_vllm_version_lookup_only() -> None:
             importlib.metadata.version("surely-not-installed-package-xyz")
     finally:
         importlib.metadata.version = original
+
+
+def test_direct_mp_is_gateway_mps_same_engine_reference() -> None:
+    """gateway-mp against direct-mp (one engine core) gets its ratio and its own time per request."""
+    cell = protocol_cells(["short-12s-c1"], paths=("direct", protocol.MULTIPROCESS_PATH, protocol.MULTIPROCESS_DIRECT_PATH))[0]
+    rows = []
+    for repeat, (d, g) in enumerate([(0.30, 0.306), (0.40, 0.404), (0.30, 0.309)]):
+        for path, latency in ((protocol.MULTIPROCESS_DIRECT_PATH, d), (protocol.MULTIPROCESS_PATH, g), ("direct", d)):
+            rows.append(block_row(cell=cell, path=path, repeat=repeat, position=0, wall_s=latency * 10,
+                                  records=_records(cell.num_requests, cell.output_tokens, latency=latency)))
+    [summary] = summarize_cells(rows)
+    assert summary["ratios"]["gateway-mp/direct-mp"]["median"] == pytest.approx(0.30 / 0.306)
+    assert summary["gateway_mp_extra_latency_s"]["median"] == pytest.approx(0.006)
+    assert summary["gateway_mp_extra_latency_share"] == pytest.approx(0.006 / 0.30)
+    text = report.render([{"kind": "throughput", "rows": rows, "skipped": []}], markdown=True)
+    header, _, line = text.splitlines()[:3]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    values = [c.strip() for c in line.strip("|").split("|")]
+    assert values[columns.index("gateway-mp own time (latency - direct-mp's) / direct-mp latency")] == "+6.0 ms = +2.00 %"
