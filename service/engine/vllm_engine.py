@@ -287,13 +287,14 @@ class VllmTranscriptionEngine:
             "multi_modal_data": {"audio": (np.asarray(request.audio, dtype=np.float32), self.sample_rate)},
         }
         timings = EngineTimings(submitted=time.monotonic())
+        engine_input = await self._render(prompt)
         all_ids: list[int] = []
         all_logprobs: list[dict[int, float]] = []
         text_parts: list[str] = []
         finished = False
         try:
             async for output in self._engine.generate(
-                prompt, params, request.request_id, data_parallel_rank=request.data_parallel_rank
+                engine_input, params, request.request_id, data_parallel_rank=request.data_parallel_rank
             ):
                 completion = output.outputs[0]
                 new_ids = list(completion.token_ids)
@@ -337,6 +338,32 @@ class VllmTranscriptionEngine:
             if not finished and self._engine is not None:
                 # The consumer went away (client disconnect): free the engine's slot.
                 await self._engine.abort(request.request_id)
+
+    async def _render(self, prompt: dict[str, Any]) -> Any:
+        """The prompt through vLLM's multimodal processor on its renderer's worker thread, as vLLM's own server does.
+
+        Why not hand `generate` the raw prompt: vLLM 0.26's `AsyncLLM.add_request`
+        runs the processor (the Whisper feature extractor over the whole span, and
+        its hashing) synchronously on this event loop, about 0.25 s per 290 s chunk
+        and 2.5 s for 47 minutes on a CPU core. A chunked program's chunks then
+        block the loop one after another, and the first chunk's first token waits
+        for every chunk's features. A rendered input makes `add_request` skip that
+        step; later vLLMs (0.32) already process raw prompts off the loop, so there
+        it changes nothing.
+
+        Why `skip_mm_cache`: the renderer's own cache records every item it
+        processes as held by the engine core, which then receives only its hash.
+        A pass cancelled between rendering and submission (a client gone, a
+        failed sibling chunk) would leave that record wrong, and the same audio
+        sent again would reach the core without its data. Uncached rendering
+        always ships the features; no record can be wrong.
+        """
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        (engine_input,) = await self._engine.renderer.render_cmpl_async(
+            [parse_model_prompt(self._engine.model_config, prompt)], skip_mm_cache=True
+        )
+        return engine_input
 
     async def attention_backends(self) -> list[str]:
         """The attention backends the engine's workers actually selected."""
