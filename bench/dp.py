@@ -489,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--allow-unqualified", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the rank sampler polls /metrics four times a second
     if args.command == "serve":
         return serve(args.allow_unqualified)
     if args.command == "report":
