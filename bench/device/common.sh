@@ -19,6 +19,10 @@ mkdir -p "$OUT" /tmp/site /tmp/bundle
 
 # The full-size random-weight checkpoint, built once per machine; its build record goes back with $OUT.
 build_checkpoint() {
+  if ! python3 -c "import pydantic" 2>/dev/null; then  # the builder imports the gateway's settings
+    echo "checkpoint: deferred until the bundle is unpacked (no pydantic yet)"
+    return 0
+  fi
   if [ ! -f "$CKPT/model.safetensors" ]; then
     python3 -m bench checkpoint --out "$CKPT" --device cuda
   fi

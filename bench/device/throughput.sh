@@ -19,7 +19,7 @@
 #
 #   a (about 60 s): keeps bundle part 0, installs the early wheels, builds the checkpoint.
 #   b (about 6-7 min): joins, checks and unpacks the bundle; ONE run of the protocol over the short cells
-#       (12 s clips: c16 = 64 requests, c64 = 192 with 64 admission slots, c1 = 10; 153 tokens forced) ->
+#       (12 s clips: c16 = 64 requests, c64 = 192 with 64 admission slots, c1 = 30; 153 tokens forced) ->
 #       $OUT/short.json (+ short-vllm-serve.log). Two engine starts, at the same time: the gateway's
 #       in-process engine (shared by direct and gateway) and vllm serve's.
 #   c (about 7 min): 600 s x 8 (7,650 tokens each), 3 repetitions x 3 paths = 9 waves of about 34 s ->

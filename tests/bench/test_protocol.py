@@ -188,7 +188,7 @@ def test_protocol_cells_and_smoke() -> None:
     assert [(c.name, c.concurrency, c.num_requests, c.output_tokens) for c in cells] == [
         ("short-12s-c16", 16, 64, 153),
         ("short-12s-c64", 64, 192, 153),
-        ("short-12s-c1", 1, 10, 153),
+        ("short-12s-c1", 1, 30, 153),
         ("long-600s-c8", 8, 8, 7650),
     ]
     smoke = protocol_cells(["short-12s-c64"], paths=("direct", "gateway"), smoke=True)[0]
