@@ -52,6 +52,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import httpx
+
 from bench.gateway_mp import every_frontend_ready
 from bench.protocol import rotation
 from bench.workloads import PROGRAM_DURATION_S, PROGRAM_OUTPUT_TOKENS, noise_pcm16, write_wav
@@ -262,8 +264,6 @@ class RankSampler:
         self._task: asyncio.Task[None] | None = None
 
     async def _loop(self) -> None:
-        import httpx
-
         async with httpx.AsyncClient(timeout=5) as client:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
@@ -380,8 +380,6 @@ def block_spec(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     token = os.urandom(16).hex()
