@@ -90,7 +90,7 @@ async def _longest_stall(work: Any) -> float:
     finally:
         ticker.cancel()
     ticks.append(time.monotonic())
-    return max(later - earlier for earlier, later in zip(ticks, ticks[1:])) - 0.01
+    return max(later - earlier for earlier, later in zip(ticks, ticks[1:], strict=False)) - 0.01
 
 
 async def _run(engine: Any, index: int) -> None:
