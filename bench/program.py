@@ -247,6 +247,8 @@ def gateway_settings(spec: dict[str, Any], *, port: int = 0, token: str | None =
             "qualify_on_start": bool(spec.get("qualify", False)),
             "reference_device": spec.get("reference_device", "cuda"),
             "reference_dtype": spec.get("reference_dtype", "float32"),
+            # a margin calibrated for the served checkpoint (python -m qualification.calibrate), when given
+            **({"near_tie_logprob_margin": float(spec["near_tie_margin"])} if spec.get("near_tie_margin") else {}),
         },
     )
 
@@ -1072,6 +1074,7 @@ def device(args: argparse.Namespace) -> int:
         "qualify": bool(args.qualify),
         "reference_device": args.reference_device,
         "reference_dtype": args.reference_dtype,
+        "near_tie_margin": args.near_tie_margin,
         "duration_s": long_s,
         "output_tokens": int(args.output_tokens or (48 if smoke else PROGRAM_OUTPUT_TOKENS)),
         "chunking": {
@@ -1172,6 +1175,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--qualify", action="store_true", help="qualify the chosen setting at gateway start-up")
     d.add_argument("--reference-device", default="cuda")
     d.add_argument("--reference-dtype", default="float32")
+    d.add_argument("--near-tie-margin", type=float, default=None,
+                   help="qualification.near_tie_logprob_margin for --qualify (a calibrated one; default: the gateway's)")
     d.add_argument("--chunk-target-s", type=float, default=None, help="chunk length aimed at (default 290 s: 10 chunks)")
     d.add_argument("--duration-s", type=float, default=None)
     d.add_argument("--output-tokens", type=int, default=None)

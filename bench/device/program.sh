@@ -35,7 +35,8 @@
 # state and vLLM cache (so neither measures the other's compiles): the sweep (B1: PHASES=profile,sweep, no
 # profiler capture) on GPU 1 and the upper half of the cores, and the program with CHOICE (default baseline) qualified at start-up
 # (B2: PHASES=program, QUALIFY) on GPU 0 and the lower half. Files back: $OUT/b1/{log,decode_steps.json},
-# $OUT/b2/{log,program.json,decode_steps.json,<record>.json}.
+# $OUT/b2/{log,program.json,decode_steps.json,<record>.json}. NEAR_TIE_MARGIN sets the qualification's margin
+# (the full-size random checkpoint's, calibrated on an H200: 5.11, qualification/calibration/).
 #   run kind=nvidia-h200-x2 carry=[".whl/site_all.tar.xz.part-2"] timeout_s=600
 #       set -o pipefail; DEADLINE_S=565 MOSS_GATEWAY_GIT_REVISION=<rev> bash bench/device/program.sh pair 2>&1 | tee $OUT/pair.log
 set -euo pipefail
@@ -92,7 +93,8 @@ pair)
   ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vllm-cache-b2
     pin "0-$((HALF - 1))" timeout -k 10 "$LEFT" python3 -m bench.program device --model "$CKPT" --out-dir "$OUT/b2" \
         --deadline-s $((LEFT - 15)) --state-dir /tmp/state-b2 --no-plot --phases program --choice "${CHOICE:-baseline}" \
-        --qualify ${CHUNK_TARGET_S:+--chunk-target-s "$CHUNK_TARGET_S"} > "$OUT/b2/log" 2>&1 ) &
+        --qualify ${CHUNK_TARGET_S:+--chunk-target-s "$CHUNK_TARGET_S"} ${NEAR_TIE_MARGIN:+--near-tie-margin "$NEAR_TIE_MARGIN"} \
+        > "$OUT/b2/log" 2>&1 ) &
   B2=$!
   rc1=0; rc2=0
   wait "$B1" || rc1=$?

@@ -8,6 +8,7 @@ import pytest
 
 from bench import decode_profile as dp
 from bench import program as pg
+from service.settings import GatewaySettings
 
 # -- seconds per step ---------------------------------------------------------------------------
 
@@ -305,6 +306,16 @@ def test_gateway_settings_carry_the_choice_and_a_valid_chunk_policy(tmp_path, ch
     if max_duration_s:
         assert settings.engine.max_num_batched_tokens == 40960 and settings.max_duration_s == 3000.0
         assert settings.longform.max_concurrent_chunks >= math.ceil(pg.PROGRAM_DURATION_S / chunking["target_s"])
+
+
+@pytest.mark.parametrize("margin", [None, 5.11])
+def test_a_calibrated_near_tie_margin_reaches_the_qualification(tmp_path, margin: float | None) -> None:
+    """The random full-size checkpoint qualifies only under its own calibrated margin (docs/benchmarks.md, run b)."""
+    spec = {"choice": {"name": "baseline", "engine": {}}, "state_dir": str(tmp_path / "s"), "qualify": True,
+            "near_tie_margin": margin}
+    settings = pg.gateway_settings(spec, port=1, token="t" * 32)
+    expected = margin if margin is not None else GatewaySettings().qualification.near_tie_logprob_margin
+    assert settings.qualification.near_tie_logprob_margin == expected and settings.qualification.qualify_on_start
 
 
 def test_fa3_main_kernel_counts_once_per_layer_despite_its_tile_scheduler() -> None:
