@@ -52,7 +52,7 @@ from bench.vllm_serve import _die_with_parent, log_tail, stop_session
 from bench.workloads import read_wav_float
 from service.app import vllm_engine_factory
 from service.engine.vllm_engine import FrontendClient
-from service.frontends import NOT_CLIENT_ADDRESSES, FrontendArgs, run_frontend, serve_frontends
+from service.frontends import FrontendArgs, frontend_client, run_frontend, serve_frontends
 from service.gate import open_gate_from_records
 from service.prompt import build_instruction
 from service.settings import GatewaySettings
@@ -108,12 +108,7 @@ def run_direct_client(sock: socket.socket, args: FrontendArgs, client_config: di
     """The direct path as one more client of the group's engine core, driven over a control port."""
     sock.close()  # never accepts the gateway's connections: those are the front ends'
     setproctitle("moss-gateway::bench-direct")
-    client = FrontendClient(
-        addresses={k: v for k, v in client_config.items() if k not in NOT_CLIENT_ADDRESSES},
-        count=int(client_config["client_count"]),
-        index=int(client_config["client_index"]),
-    )
-    app = direct_app(args.settings, client)
+    app = direct_app(args.settings, frontend_client(client_config))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

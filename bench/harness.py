@@ -378,7 +378,7 @@ class EngineBench:
         # warm-up: one request of this shape per path (kernels, allocator, graphs)
         warm = self._audio(cell, 2)
         if "direct" in cell.paths or "raw" in cell.paths or "direct-final" in cell.paths:
-            await self.direct_block(engine, [pcm16_to_float(warm[0])], 1, 1, cell.warmup_tokens, instruction)
+            await direct_block(engine, [pcm16_to_float(warm[0])], 1, 1, cell.warmup_tokens, instruction)
         if "gateway" in cell.paths:
             path = write_wav(cell_dir / "warmup.wav", warm[1])
             await self.gateway_block(cell, [path], 1, 1, cell.warmup_tokens, "warmup")
@@ -402,7 +402,7 @@ class EngineBench:
                         f.unlink(missing_ok=True)
                 elif path_name in ("direct", "direct-final"):
                     audios = [pcm16_to_float(p) for p in pcms]
-                    wall, records = await self.direct_block(
+                    wall, records = await direct_block(
                         engine,
                         audios,
                         cell.concurrency,
@@ -446,23 +446,6 @@ class EngineBench:
             for leftover in cell_dir.iterdir():
                 leftover.unlink()
             cell_dir.rmdir()
-
-    async def direct_block(
-        self,
-        engine: Any,
-        audios: list[np.ndarray],
-        concurrency: int,
-        per_worker: int,
-        max_tokens: int,
-        instruction: str,
-        *,
-        stream_deltas: bool = True,
-        want_logprobs: int | None = None,
-    ) -> tuple[float, list[dict[str, Any]]]:
-        return await direct_block(
-            engine, audios, concurrency, per_worker, max_tokens, instruction,
-            stream_deltas=stream_deltas, want_logprobs=want_logprobs,
-        )
 
     async def raw_block(
         self,

@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.harness import EngineBench, _free_port, _runner, estimate_cell_s
+from bench.harness import EngineBench, _free_port, _runner, direct_block, estimate_cell_s
 from bench.protocol import (
     MIN_REPEATS,
     MULTIPROCESS_DIRECT_PATH,
@@ -208,7 +208,7 @@ class ThroughputBench(EngineBench):
                 await self.mp.direct_block([wav], 1, 1, cell.warmup_tokens)
                 wav.unlink(missing_ok=True)
             elif path.startswith("direct"):
-                await self.direct_block(
+                await direct_block(
                     engine,
                     [pcm16_to_float(pcm)],
                     1,
@@ -251,7 +251,7 @@ class ThroughputBench(EngineBench):
                     files, cell.concurrency, cell.requests_per_worker, cell.output_tokens
                 )
             elif in_process:
-                wall, records = await self.direct_block(
+                wall, records = await direct_block(
                     engine,
                     audios,
                     cell.concurrency,

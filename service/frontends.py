@@ -92,17 +92,22 @@ class FrontendArgs:
     on_ready: ReadyHook = open_gate_from_records
 
 
+def frontend_client(client_config: dict[str, Any]) -> FrontendClient:
+    """This API process's engine client place, from what vLLM's process manager handed it."""
+    return FrontendClient(
+        addresses={k: v for k, v in client_config.items() if k not in NOT_CLIENT_ADDRESSES},
+        count=int(client_config["client_count"]),
+        index=int(client_config["client_index"]),
+    )
+
+
 def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
     """One front-end process: a whole gateway app on the shared socket, its engine a client of the shared core."""
     settings = args.settings
     configure_logging(settings.server.log_level)
     position = FrontendPosition(index=int(client_config["client_index"]), count=int(client_config["client_count"]))
     setproctitle(f"moss-gateway::frontend-{position.index}")  # what ps and the operator see
-    client = FrontendClient(
-        addresses={k: v for k, v in client_config.items() if k not in NOT_CLIENT_ADDRESSES},
-        count=position.count,
-        index=position.index,
-    )
+    client = frontend_client(client_config)
     # The parent restarts the whole group; a front end never restarts its engine client by itself.
     own = settings.model_copy(update={"lifecycle": settings.lifecycle.model_copy(update={"restart_engine": False})})
     app = create_app(
