@@ -13,8 +13,8 @@ first ``transcript.text.delta`` event (the client-side time to first token).
 generated tokens are counted from its ``/metrics`` by the caller.
 
 ``"processes": P`` splits the load over P client processes (`shard_specs`): one
-Python process builds and uploads multipart bodies at about 180 requests a second
-on a 2-core machine (5.5 ms of CPU each for a 384 KB clip), so a burst of 128-256
+Python process builds and uploads 384 KB multipart bodies at about 166 requests a
+second on a 2-core machine (7.5 ms of CPU each; tools/client_capacity.py), so a burst of 128-256
 uploads would otherwise spend most of a short block in the load generator. The
 shards start together at an agreed ``start_at`` on the host's monotonic clock
 (shared by all processes of one host), after each has opened its first connection;

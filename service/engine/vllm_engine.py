@@ -344,10 +344,10 @@ class VllmTranscriptionEngine:
 
         Why not hand `generate` the raw prompt: vLLM 0.26's `AsyncLLM.add_request`
         runs the processor (the Whisper feature extractor over the whole span, and
-        its hashing) synchronously on this event loop, about 0.25 s per 290 s chunk
-        and 2.5 s for 47 minutes on a CPU core. A chunked program's chunks then
-        block the loop one after another, and the first chunk's first token waits
-        for every chunk's features. A rendered input makes `add_request` skip that
+        its hashing) synchronously on this event loop. A chunked program's chunks
+        then block the loop one after another, and the first chunk's first token
+        waits for every chunk's features (on the H200: 3.07 s before, 0.84 s after,
+        docs/benchmarks.md). A rendered input makes `add_request` skip that
         step; later vLLMs (0.32) already process raw prompts off the loop, so there
         it changes nothing.
 
