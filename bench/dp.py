@@ -346,6 +346,8 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": str(args.gpu_memory_utilization),
         "MOSS_GATEWAY_ENGINE__KV_CACHE_MEMORY_BYTES": str(args.kv_cache_memory_bytes),
     })
+    if args.renderer_num_workers is not None:
+        env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] = str(args.renderer_num_workers)
     return env
 
 
@@ -412,7 +414,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         chunks, per_chunk = program_plan(args, program_pcm)
         result["program_plan"] = {"chunks": chunks, "tokens_per_chunk": per_chunk, "forced_tokens": chunks * per_chunk,
                                   "chunk_target_s": args.chunk_target_s}
-        names = blocks(program_dps=args.program_dp)
+        names = blocks(short_dps=args.short_dp, program_dps=args.program_dp, scaled=2 in args.short_dp)
         for dp in dps:  # warm-up: every shape once on each gateway, not measured
             for cell in (SHORT_CELL, SCALED_CELL, PROGRAM_CELL):
                 spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
@@ -467,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--api-processes", type=int, default=4, help="front-end processes of each gateway (server.api_processes)")
     r.add_argument("--program-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[2, 1],
                    help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
+    r.add_argument("--short-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2],
+                   help="dp values of the 128-stream cell (the 256-stream cell runs when 2 is among them); empty: none")
+    r.add_argument("--renderer-num-workers", type=int, default=None,
+                   help="both gateways' engine.renderer_num_workers (unset: the gateway's default)")
     r.add_argument("--state-dir", default="/tmp/bench-dp-state")
     r.add_argument("--work-dir", default="/tmp/bench-dp-work")
     r.add_argument("--max-model-len", type=int, default=131072)

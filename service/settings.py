@@ -263,6 +263,18 @@ class EngineSettings(BaseModel):
         None, description="Batch sizes captured as CUDA graphs. Unset: vLLM's list (up to 2 x max_num_seqs, at most 512)."
     )
     data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
+    renderer_num_workers: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description=(
+            "Threads of vLLM's renderer (model_config.renderer_num_workers), which computes each pass's audio "
+            "features before it reaches the engine. vLLM's default is 1: a chunked program's chunks then get their "
+            "features one after another (on the H200 host about 0.13 s per 200 s chunk), so the last chunk starts "
+            "1-2 s after the first and the program's wall grows by as much. Output is unchanged, so it is not part "
+            "of the backend identity."
+        ),
+    )
     seed: int = 0
 
 

@@ -28,7 +28,8 @@
 # each with MEM_FRACTION (0.40) of the GPU and an explicit KV cache of KV_BYTES (24 GiB: 128 x ~450 tokens
 # x 114,688 B = 6.6 GB for the short cell; the program's chunks, spread over the ranks, well under it).
 # Only one block runs at a time, so the engine not measured is idle. REPEATS (3), PROGRAM_DP ("2,1"; "2"
-# to skip the dp=1 program when time is short), API_PROCESSES (4: each gateway's front-end processes,
+# to skip the dp=1 program when time is short), SHORT_DP ("1,2"; "" runs the program cells only),
+# RENDERER_WORKERS (both gateways' engine.renderer_num_workers; unset: the gateway's default), CHUNK_TARGET_S (290), API_PROCESSES (4: each gateway's front-end processes,
 # service/frontends.py; 128 streams over two GPUs need more than one event loop) and DEADLINE_S (565).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -59,7 +60,8 @@ b)
       --program-dp "${PROGRAM_DP:-2,1}" --api-processes "${API_PROCESSES:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
-      --chunk-target-s "${CHUNK_TARGET_S:-290}" --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
+      --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" \
+      ${RENDERER_WORKERS:+--renderer-num-workers "$RENDERER_WORKERS"} --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
   echo "done in $((SECONDS - T0)) s (bench rc=$rc)"

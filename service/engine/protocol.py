@@ -45,12 +45,30 @@ class EngineTimings:
     """Monotonic timestamps (seconds) taken by the engine adapter."""
 
     submitted: float
+    #: When the prompt's audio features were ready and the request went to the engine.
+    rendered: float | None = None
     first_token: float | None = None
     finished: float | None = None
     #: From the engine core's own clock, when the engine reports them.
     engine_queue_s: float | None = None
     engine_prefill_s: float | None = None
     engine_decode_s: float | None = None
+
+    @property
+    def render_s(self) -> float | None:
+        """Submission to features ready: the renderer's queue and its feature extraction."""
+        return None if self.rendered is None else self.rendered - self.submitted
+
+    def summary(self) -> str:
+        """One log phrase: where the pass's time went (parts not measured are left out)."""
+        parts = [
+            ("features", self.render_s),
+            ("first token", self.time_to_first_token_s),
+            ("engine queue", self.engine_queue_s),
+            ("prefill", self.engine_prefill_s),
+            ("decode", self.engine_decode_s),
+        ]
+        return ", ".join(f"{name} {value:.2f} s" for name, value in parts if value is not None)
 
     @property
     def time_to_first_token_s(self) -> float | None:

@@ -134,6 +134,7 @@ class VllmTranscriptionEngine:
             enforce_eager=bool(s.enforce_eager),
             quantization=s.quantization,
             data_parallel_size=s.data_parallel_size,
+            renderer_num_workers=s.renderer_num_workers,
             seed=s.seed,
             limit_mm_per_prompt={"audio": {"count": 1, "length": self._max_audio_samples}},
             disable_log_stats=False,
@@ -288,6 +289,7 @@ class VllmTranscriptionEngine:
         }
         timings = EngineTimings(submitted=time.monotonic())
         engine_input = await self._render(prompt)
+        timings.rendered = time.monotonic()
         all_ids: list[int] = []
         all_logprobs: list[dict[int, float]] = []
         text_parts: list[str] = []

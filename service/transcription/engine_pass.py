@@ -146,7 +146,10 @@ class EnginePass:
                     started_generating = True
                     if update.num_generated >= next_log:
                         next_log = (update.num_generated // PROGRESS_EVERY_TOKENS + 1) * PROGRESS_EVERY_TOKENS
-                        logger.info("%s: %d/%d tokens", request.request_id, update.num_generated, request.max_tokens)
+                        logger.info(
+                            "%s: %d/%d tokens%s", request.request_id, update.num_generated, request.max_tokens,
+                            f" ({update.timings.summary()})" if update.timings is not None else "",
+                        )
                     if context.capture_evidence:
                         self._checkpoint(update)
                     yield update

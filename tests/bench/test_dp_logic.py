@@ -21,6 +21,12 @@ def test_every_block_runs_in_every_repetition_in_a_rotated_order() -> None:
     assert len(set(firsts)) == 3  # no block always runs first
 
 
+def test_a_program_only_run_has_no_short_blocks() -> None:
+    names = dp.blocks(short_dps=[], program_dps=[2, 1], scaled=False)
+    assert names == [f"{dp.PROGRAM_CELL}@2", f"{dp.PROGRAM_CELL}@1"]
+    assert len(dp.schedule(names, 3)) == 6
+
+
 def rows(short_walls: dict[int, list[float]], program_walls: list[float]) -> list[dict]:
     out = []
     for d, walls in short_walls.items():
@@ -76,6 +82,7 @@ def bench_args(**overrides: object) -> argparse.Namespace:
     values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
         gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes=4, chunk_target_s=290.0, requests_per_worker=2,
+        renderer_num_workers=None,
     )
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -112,6 +119,15 @@ def test_the_bench_plans_the_chunks_with_the_gateways_settings() -> None:
         longform={k.removeprefix("MOSS_GATEWAY_LONGFORM__").lower(): v for k, v in env.items() if k.startswith("MOSS_GATEWAY_LONGFORM__")},
     )
     assert served.chunking_defaults()["target_s"] == 290.0 and served.longform.max_concurrent_chunks >= chunks
+
+
+def test_renderer_workers_reach_both_gateways_only_when_asked() -> None:
+    assert "MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS" not in dp.gateway_env(bench_args(), dp=1, port=1, token="t")
+    for d in (1, 2):
+        env = dp.gateway_env(bench_args(renderer_num_workers=8), dp=d, port=1, token="t")
+        assert env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] == "8"
+    served = GatewaySettings(engine={"renderer_num_workers": env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"]})
+    assert served.engine.renderer_num_workers == 8
 
 
 def test_running_requests_are_read_per_rank_from_metrics() -> None:

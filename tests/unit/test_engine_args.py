@@ -35,7 +35,9 @@ def test_engine_choices_reach_vllm(tmp_path: Path) -> None:
         cudagraph_mode="FULL_DECODE_ONLY",
         cudagraph_capture_sizes=[8, 1, 2, 2],
         flash_attn_max_num_splits=128,
+        renderer_num_workers=7,
     )
+    assert args.renderer_num_workers == 7
     assert args.async_scheduling is False
     assert args.kv_cache_dtype == "fp8"
     assert args.cudagraph_capture_sizes == [1, 2, 8]
@@ -62,3 +64,5 @@ def test_bad_choices_are_refused_by_the_settings() -> None:
         EngineSettings(cudagraph_mode="SOMETIMES")
     with pytest.raises(ValueError):
         EngineSettings(flash_attn_max_num_splits=0)
+    with pytest.raises(ValueError):
+        EngineSettings(renderer_num_workers=0)

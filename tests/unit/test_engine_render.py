@@ -129,3 +129,18 @@ def test_rendering_leaves_the_sender_cache_alone(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
     asyncio.run(_run(engine, 0))
     assert engine._engine.renderer.cached == [False]
+
+
+def test_the_final_update_says_how_long_the_features_took(tmp_path: Path) -> None:
+    """The pass's log line separates feature time from the engine's (how a staggered chunk start shows)."""
+    engine = _engine(tmp_path)
+    request = GenerationRequest(request_id="c0", audio=np.zeros(16_000, dtype=np.float32), instruction="i", max_tokens=4)
+
+    async def final() -> Any:
+        updates = [update async for update in engine.generate(request)]
+        return updates[-1]
+
+    timings = asyncio.run(final()).timings
+    assert timings.render_s is not None and timings.render_s >= PROCESSING_S * 0.9
+    assert timings.rendered <= timings.finished
+    assert f"features {timings.render_s:.2f} s" in timings.summary()
