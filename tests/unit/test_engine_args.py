@@ -38,6 +38,8 @@ def test_engine_choices_reach_vllm(tmp_path: Path) -> None:
         renderer_num_workers=7,
     )
     assert args.renderer_num_workers == 7
+    # vLLM 0.26 refuses several renderer workers while its processor cache is on (regression: the H200 start failed).
+    assert args.mm_processor_cache_gb == 0
     assert args.async_scheduling is False
     assert args.kv_cache_dtype == "fp8"
     assert args.cudagraph_capture_sizes == [1, 2, 8]
