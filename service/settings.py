@@ -264,15 +264,16 @@ class EngineSettings(BaseModel):
     )
     data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
     renderer_num_workers: int = Field(
-        4,
+        1,
         ge=1,
         le=64,
         description=(
             "Threads of vLLM's renderer (model_config.renderer_num_workers), which computes each pass's audio "
-            "features before it reaches the engine. vLLM's default is 1: a chunked program's chunks then get their "
-            "features one after another (on the H200 host about 0.13 s per 200 s chunk), so the last chunk starts "
-            "1-2 s after the first and the program's wall grows by as much. Output is unchanged, so it is not part "
-            "of the backend identity."
+            "features before the pass reaches the engine. With one (vLLM's default) a chunked program's chunks "
+            "get their features one after another: 15 chunks of 200 s reach the engine over 1.9 s on the 2-core "
+            "dev machine (tools/render_spread.py), and more threads did not shorten that there (the extractor "
+            "already uses both cores). Not measured on a many-core GPU host yet. Output is unchanged, so it is "
+            "not part of the backend identity."
         ),
     )
     seed: int = 0

@@ -345,30 +345,7 @@ class VllmTranscriptionEngine:
                 await self._engine.abort(request.request_id)
 
     async def _render(self, prompt: dict[str, Any]) -> Any:
-        """The prompt through vLLM's multimodal processor on its renderer's worker thread, as vLLM's own server does.
-
-        Why not hand `generate` the raw prompt: vLLM 0.26's `AsyncLLM.add_request`
-        runs the processor (the Whisper feature extractor over the whole span, and
-        its hashing) synchronously on this event loop. A chunked program's chunks
-        then block the loop one after another, and the first chunk's first token
-        waits for every chunk's features (on the H200: 3.07 s before, 0.84 s after,
-        docs/benchmarks.md). A rendered input makes `add_request` skip that
-        step; later vLLMs (0.32) already process raw prompts off the loop, so there
-        it changes nothing.
-
-        Why `skip_mm_cache`: the renderer's own cache records every item it
-        processes as held by the engine core, which then receives only its hash.
-        A pass cancelled between rendering and submission (a client gone, a
-        failed sibling chunk) would leave that record wrong, and the same audio
-        sent again would reach the core without its data. Uncached rendering
-        always ships the features; no record can be wrong.
-        """
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-        (engine_input,) = await self._engine.renderer.render_cmpl_async(
-            [parse_model_prompt(self._engine.model_config, prompt)], skip_mm_cache=True
-        )
-        return engine_input
+        return await render_prompt(self._engine.renderer, self._engine.model_config, prompt)
 
     async def attention_backends(self) -> list[str]:
         """The attention backends the engine's workers actually selected."""
@@ -468,6 +445,35 @@ def frontend_engine_args(engine_args: Any, *, count: int, rank: int) -> Any:
     engine_args._api_process_count = count
     engine_args._api_process_rank = rank
     return engine_args
+
+
+async def render_prompt(renderer: Any, model_config: Any, prompt: dict[str, Any]) -> Any:
+    """The prompt through vLLM's multimodal processor on its renderer's worker thread, as vLLM's own server does.
+
+    Why not hand `generate` the raw prompt: vLLM 0.26's `AsyncLLM.add_request`
+    runs the processor (the Whisper feature extractor over the whole span, and
+    its hashing) synchronously on this event loop. A chunked program's chunks
+    then block the loop one after another, and the first chunk's first token
+    waits for every chunk's features (on the H200: 3.07 s before, 0.84 s after,
+    docs/benchmarks.md). A rendered input makes `add_request` skip that
+    step; later vLLMs (0.32) already process raw prompts off the loop, so there
+    it changes nothing.
+
+    Why `skip_mm_cache`: the renderer's own cache records every item it
+    processes as held by the engine core, which then receives only its hash.
+    A pass cancelled between rendering and submission (a client gone, a
+    failed sibling chunk) would leave that record wrong, and the same audio
+    sent again would reach the core without its data. Uncached rendering
+    always ships the features; no record can be wrong. (The engine arguments
+    also turn that cache off: see `engine_args`.)
+
+    Several passes render at once on the renderer's `renderer_num_workers`
+    threads (tools/render_spread.py measures the spread of a program's chunks).
+    """
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    (engine_input,) = await renderer.render_cmpl_async([parse_model_prompt(model_config, prompt)], skip_mm_cache=True)
+    return engine_input
 
 
 def _engine_core_timings(timings: EngineTimings, stats: Any) -> None:
