@@ -45,10 +45,10 @@ class Run:
 
 
 def runs_of(results: Sequence[tuple[Path, dict[str, Any]]]) -> list[Run]:
-    """Group result files by their folder; files without rows (qualification records) add nothing."""
+    """Group result files by their folder; files without benchmark rows (qualification records, other tools') add nothing."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for path, result in results:
-        rows = [row for row in result.get("rows", []) if not row.get("stream")]
+        rows = [row for row in result.get("rows", []) if "cell" in row and not row.get("stream")]
         if rows:
             grouped.setdefault(path.parent.name, []).extend(rows)
     return [Run(label, tuple(rows)) for label, rows in sorted(grouped.items())]

@@ -96,9 +96,10 @@ def _cells(row: dict[str, Any]) -> list[str]:
 
 
 def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every benchmark row (one with a `cell`); other tools' files under bench/results/ hold rows of their own."""
     rows = []
     for result in results:
-        rows.extend(result.get("rows", []))
+        rows.extend(row for row in result.get("rows", []) if "cell" in row)
     return rows
 
 

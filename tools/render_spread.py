@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row))
     if args.out is not None:
-        args.out.write_text(json.dumps(rows, indent=1))
+        args.out.write_text(json.dumps({"kind": "render_spread", "rows": rows}, indent=1))
     return 0
 
 

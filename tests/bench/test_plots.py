@@ -42,6 +42,8 @@ def rows_file(tmp_path: Path) -> Path:
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"kind": "bench", "rows": ROWS}))
     (path.parent / "qualification-q-1.json").write_text(json.dumps({"verdict": "identical"}))  # no rows: ignored
+    # Another tool's rows (no `cell`, no `path`): not benchmark rows, ignored (regression: the report raised KeyError).
+    (path.parent / "render_spread.json").write_text(json.dumps({"kind": "render_spread", "rows": [{"workers": 1, "spread_s": 1.9}]}))
     return path
 
 
@@ -51,8 +53,9 @@ def _lines(figure: Any) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def test_throughput_lines_are_the_rows(rows_file: Path) -> None:
-    runs = plots.runs_of([(rows_file, json.loads(rows_file.read_text()))])
-    assert [run.label for run in runs] == ["synthetic-run"]
+    other = rows_file.parent / "render_spread.json"
+    runs = plots.runs_of([(rows_file, json.loads(rows_file.read_text())), (other, json.loads(other.read_text()))])
+    assert [run.label for run in runs] == ["synthetic-run"] and len(runs[0].rows) == len(ROWS) - 1
     figure = plots.throughput_figure(runs)
     assert figure.axes[0].get_title() == "synthetic-run"
     # 600 s clips were measured at one concurrency only: no line; the streamed row is left out.
@@ -77,7 +80,7 @@ def test_rtf_bars_are_the_rows_side_by_side(rows_file: Path) -> None:
 
 def test_report_plots_writes_the_figures(rows_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "docs"
-    files = [str(rows_file), str(rows_file.parent / "qualification-q-1.json")]
+    files = [str(rows_file), str(rows_file.parent / "qualification-q-1.json"), str(rows_file.parent / "render_spread.json")]
     assert bench_main.main(["report", *files, "--plots", "--plots-dir", str(out)]) == 0
     captured = capsys.readouterr()
     assert "c-12s-c16" in captured.out  # the table is still printed
