@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import AutoProcessor
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
@@ -71,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model_dir = args.model or ensure_tiny_checkpoint()
-    from transformers import AutoProcessor
-
     tokenizer = AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True).tokenizer
     ids = PromptBuilder(tokenizer).prompt_ids(DEFAULT_INSTRUCTION)
     rng = np.random.default_rng(0)
