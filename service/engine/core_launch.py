@@ -28,11 +28,23 @@ FrontendTarget = Callable[[str, socket.socket, Any, dict[str, Any]], None]
 
 @dataclass
 class LaunchedEngine:
-    """The processes of one launch: the API processes, the engine cores and the DP coordinator (if any)."""
+    """The processes of one launch: the API processes, the engine cores and the DP coordinator (if any).
+
+    `listeners` (vLLM 0.32: the `EngineZmqListeners` the parent bound for the API
+    processes' sockets; None on 0.26) is held for as long as the group runs. Why:
+    that object unlinks its IPC socket files when it is garbage collected, and the
+    engine cores dial those paths from their own threads, possibly after the
+    launch returned. Dropped with the launch function's frame, it removed the
+    files under a core that had not connected yet, which then retried a missing
+    path forever: a front end's requests reached the core, its answers never came
+    back (the "first identity questions unanswered" start-ups). `vllm serve`
+    keeps the same object alive for the server's whole life.
+    """
 
     frontends: Any  # vllm.v1.utils.APIServerProcessManager
     engine_manager: Any
     coordinator: Any
+    listeners: Any = None
 
     def processes(self) -> list[Any]:
         """Every process of the launch whose exit ends it (vLLM's own process objects)."""
@@ -50,6 +62,8 @@ class LaunchedEngine:
             self.engine_manager.shutdown(timeout=timeout)
         if self.coordinator is not None:
             self.coordinator.shutdown(timeout=timeout)
+        if self.listeners is not None:
+            self.listeners.cleanup()  # the socket files, now that nothing dials them
 
 
 def launch(
@@ -97,7 +111,7 @@ def _launch_with_bound_listeners(
             tensor_queue=started.tensor_queue,
         )
         started.watched_frontend_processes = frontends.processes
-    return LaunchedEngine(frontends, started.engine_manager, coordinator)
+    return LaunchedEngine(frontends, started.engine_manager, coordinator, listeners=listeners)
 
 
 def _launch_with_reported_addresses(
