@@ -420,9 +420,9 @@ async def answered_in_time(ask: Callable[[], Awaitable[T]]) -> T:
     """The answer of an RPC to the engine core; asked again once, then `EngineDeadError` when none comes.
 
     vLLM's RPC timeout bounds the workers, not the round trip: a request or an
-    answer lost between a client and its core (seen now and then when a front
-    end of service/frontends.py asks its first questions) would leave the
-    caller waiting forever. An engine that cannot answer its identity cannot
+    answer lost between a client and its core (it happened to front ends whose
+    socket files the parent had removed too early: `LaunchedEngine.listeners`)
+    would leave the caller waiting forever. An engine that cannot answer its identity cannot
     serve; marked dead, it is restarted.
     """
     for attempt in range(1, IDENTITY_RPC_ATTEMPTS + 1):
