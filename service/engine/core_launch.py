@@ -63,7 +63,10 @@ class LaunchedEngine:
         if self.coordinator is not None:
             self.coordinator.shutdown(timeout=timeout)
         if self.listeners is not None:
-            self.listeners.cleanup()  # the socket files, now that nothing dials them
+            # The socket files, now that nothing dials them; and the object let go here, so that its own
+            # finalizer does not run again at interpreter exit, when the modules it needs are gone.
+            listeners, self.listeners = self.listeners, None
+            listeners.cleanup()
 
 
 def launch(
