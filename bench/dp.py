@@ -459,6 +459,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def dp_values(text: str) -> list[int]:
+    """A comma-separated list of data-parallel sizes from the command line ("" is none)."""
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dp", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -467,9 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--api-processes", type=int, default=4, help="front-end processes of each gateway (server.api_processes)")
-    r.add_argument("--program-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[2, 1],
+    r.add_argument("--program-dp", type=dp_values, default=[2, 1],
                    help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
-    r.add_argument("--short-dp", type=lambda s: [int(x) for x in s.split(",") if x], default=[1, 2],
+    r.add_argument("--short-dp", type=dp_values, default=[1, 2],
                    help="dp values of the 128-stream cell (the 256-stream cell runs when 2 is among them); empty: none")
     r.add_argument("--renderer-num-workers", type=int, default=None,
                    help="both gateways' engine.renderer_num_workers (unset: the gateway's default)")

@@ -22,6 +22,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from bench.report import benchmark_rows
+
 #: Drawing order and colour of each path; unknown paths come after, in grey.
 PATH_STYLE: dict[str, str] = {
     "direct": "#1f77b4",
@@ -48,7 +50,7 @@ def runs_of(results: Sequence[tuple[Path, dict[str, Any]]]) -> list[Run]:
     """Group result files by their folder; files without benchmark rows (qualification records, other tools') add nothing."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for path, result in results:
-        rows = [row for row in result.get("rows", []) if "cell" in row and not row.get("stream")]
+        rows = [row for row in benchmark_rows(result) if not row.get("stream")]
         if rows:
             grouped.setdefault(path.parent.name, []).extend(rows)
     return [Run(label, tuple(rows)) for label, rows in sorted(grouped.items())]

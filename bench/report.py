@@ -95,12 +95,14 @@ def _cells(row: dict[str, Any]) -> list[str]:
     return out
 
 
+def benchmark_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One result file's benchmark rows (those with a `cell`); other tools' files under bench/results/ hold rows of their own."""
+    return [row for row in result.get("rows", []) if "cell" in row]
+
+
 def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every benchmark row (one with a `cell`); other tools' files under bench/results/ hold rows of their own."""
-    rows = []
-    for result in results:
-        rows.extend(row for row in result.get("rows", []) if "cell" in row)
-    return rows
+    """Every benchmark row of `results`."""
+    return [row for result in results for row in benchmark_rows(result)]
 
 
 def text_table(results: list[dict[str, Any]]) -> str:

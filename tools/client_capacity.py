@@ -2,8 +2,9 @@
 
     .venv/bin/python tools/client_capacity.py [--streams 128] [--per-stream 2] [--processes 1]
 
-The figure docs/benchmarks.md quotes ("one Python process uploads a 384 KB clip in about 5.5 ms of CPU,
-178 requests a second on the 2-core dev machine") comes from this: a server that reads each upload and
+The figure docs/benchmarks.md and bench/client.py quote (one client process: about 166 requests a second,
+7.5 ms of CPU a 384 KB request with its start-up, on the 2-core dev machine; 8 processes: 388 a second)
+comes from this: a server that reads each upload and
 answers at once (Starlette under uvicorn, 2 workers, its own process), 12 s noise clips as WAV files, and
 `python -m bench.client` against it, timed from outside with its CPU seconds (user + system of the client
 process and its shards). No engine and no gateway: what is left is the client's and the loopback's cost.
