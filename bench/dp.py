@@ -53,6 +53,7 @@ from statistics import median
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.gateway_mp import every_frontend_ready
 from bench.protocol import rotation
@@ -63,9 +64,13 @@ logger = logging.getLogger("bench.dp")
 SHORT_CELL = "short-12s-c128"
 #: dp=2 at twice the streams: each rank then decodes the batch dp=1's one GPU decodes at 128 streams.
 SCALED_CELL = "short-12s-c256"
+#: dp=1 at half the streams: the load each rank of dp=2 gets at 128, so dp=2 at 128 over this is data
+#: parallelism's own scaling (ideal 2.0), and dp=1 at 128 over this is what one GPU gains from the batch.
+HALF_CELL = "short-12s-c64"
 PROGRAM_CELL = "program-chunked"
 SHORT_AUDIO_S, SHORT_STREAMS, SHORT_TOKENS = 12.0, 128, 153
-SCALED_STREAMS = 256
+SCALED_STREAMS, HALF_STREAMS = 256, 64
+STREAMS = {SHORT_CELL: SHORT_STREAMS, SCALED_CELL: SCALED_STREAMS, HALF_CELL: HALF_STREAMS}
 TARGET_RATIO, TARGET_PROGRAM_S = 1.9, 8.0
 UNQUALIFIED_ID = "bench-unqualified"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -75,11 +80,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def blocks(
-    *, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1), scaled: bool = True
+    *, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1), scaled: bool = True, half: bool = True
 ) -> list[str]:
-    """Every (cell, dp) block of one repetition, as `cell@dp` names (the scaled cell runs on dp=2 only)."""
+    """Every (cell, dp) block of one repetition, as `cell@dp` names.
+
+    The scaled cell runs on dp=2 only, the half cell on dp=1 only (and only when dp=1 runs the short cell).
+    """
     return (
         [f"{SHORT_CELL}@{dp}" for dp in short_dps]
+        + ([f"{HALF_CELL}@1"] if half and 1 in short_dps else [])
         + ([f"{SCALED_CELL}@2"] if scaled else [])
         + [f"{PROGRAM_CELL}@{dp}" for dp in program_dps]
     )
@@ -133,16 +142,20 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for entry in per_dp.values():
             entry["median_wall_s"] = median(entry["complete_wall_s"]) if entry["complete_wall_s"] else None
             entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
-    ratios = _ratios(rows)
-    scaled = _ratios(rows, numerator=SCALED_CELL)
+    ratios = _ratios(rows, (SHORT_CELL, 2), (SHORT_CELL, 1))
     program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
     short_ratio = median(ratios) if ratios else None
+    out: dict[str, Any] = {"cells": cells, "short_ratio_per_repeat": ratios, "short_ratio_median": short_ratio}
+    for name, numerator, denominator in (
+        ("scaled", (SCALED_CELL, 2), (SHORT_CELL, 1)),
+        ("rank_scaling", (SHORT_CELL, 2), (HALF_CELL, 1)),
+        ("batch_gain", (SHORT_CELL, 1), (HALF_CELL, 1)),
+    ):
+        per_repeat = _ratios(rows, numerator, denominator)
+        out[f"{name}_ratio_per_repeat"] = per_repeat
+        out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
     return {
-        "cells": cells,
-        "short_ratio_per_repeat": ratios,
-        "short_ratio_median": short_ratio,
-        "scaled_ratio_per_repeat": scaled,
-        "scaled_ratio_median": median(scaled) if scaled else None,
+        **out,
         "program_dp2_median_s": program,
         "targets": {
             "short_ratio": {"target": TARGET_RATIO, "met": None if short_ratio is None else short_ratio >= TARGET_RATIO},
@@ -151,17 +164,25 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ratios(rows: list[dict[str, Any]], *, numerator: str = SHORT_CELL) -> list[float]:
-    """Per repetition with both blocks complete: the throughput of `numerator` on dp=2 over the short cell's on dp=1.
+def _ratios(rows: list[dict[str, Any]], numerator: tuple[str, int], denominator: tuple[str, int]) -> list[float]:
+    """Per repetition with both blocks complete: the throughput (requests/s) of the `numerator` (cell, dp) block
+    over the `denominator`'s.
 
-    With the short cell itself it is the issue's ratio at 128 streams (same requests: a wall-time ratio);
-    with the scaled cell, dp=2 at 256 streams over dp=1 at 128 (every GPU decoding the same batch).
+    (short, 2) over (short, 1) is the issue's ratio at 128 streams; (scaled, 2) over (short, 1) puts the same
+    batch on every GPU; (short, 2) over (half, 1) is data parallelism's own scaling (each rank of dp=2 at 128
+    streams gets the 64 streams of the half cell; ideal 2.0); (short, 1) over (half, 1) is one GPU's gain
+    from doubling its streams, which bounds the issue's ratio (see docs/benchmarks.md).
     """
-    rates: dict[int, dict[int, float]] = {}
+    rates: dict[int, dict[tuple[str, int], float]] = {}
     for row in rows:
-        if complete(row) and ((row["cell"] == SHORT_CELL and row["dp"] == 1) or (row["cell"] == numerator and row["dp"] == 2)):
-            rates.setdefault(row["repeat"], {})[row["dp"]] = row["requests"] / row["wall_s"]
-    return [round(r[2] / r[1], 4) for _, r in sorted(rates.items()) if 1 in r and 2 in r and r[1] > 0]
+        key = (row["cell"], row["dp"])
+        if complete(row) and key in (numerator, denominator):
+            rates.setdefault(row["repeat"], {})[key] = row["requests"] / row["wall_s"]
+    return [
+        round(r[numerator] / r[denominator], 4)
+        for _, r in sorted(rates.items())
+        if numerator in r and denominator in r and r[denominator] > 0
+    ]
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -182,9 +203,15 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(f"dp=2 / dp=1 at {SHORT_STREAMS} streams: median {_fmt(ratio)}x (target >= {TARGET_RATIO}x), "
                  f"per repetition {summary['short_ratio_per_repeat']}; program on dp=2: median {_fmt(program)} s "
                  f"(target <= {TARGET_PROGRAM_S:g} s).")
-    if summary.get("scaled_ratio_median") is not None:
-        lines.append(f"dp=2 at {SCALED_STREAMS} streams / dp=1 at {SHORT_STREAMS} (the same batch on every GPU): "
-                     f"median {_fmt(summary['scaled_ratio_median'])}x, per repetition {summary['scaled_ratio_per_repeat']}.")
+    for key, text in (
+        ("scaled", f"dp=2 at {SCALED_STREAMS} streams / dp=1 at {SHORT_STREAMS} (the same batch on every GPU)"),
+        ("rank_scaling", f"dp=2 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS} (each GPU at {HALF_STREAMS} streams: "
+                         "data parallelism's own scaling, ideal 2)"),
+        ("batch_gain", f"dp=1 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS} (one GPU's gain from twice the streams)"),
+    ):
+        if summary.get(f"{key}_ratio_median") is not None:
+            lines.append(f"{text}: median {_fmt(summary[f'{key}_ratio_median'])}x, "
+                         f"per repetition {summary[f'{key}_ratio_per_repeat']}.")
     return "\n".join(lines)
 
 
@@ -242,11 +269,14 @@ def program_plan(args: argparse.Namespace, pcm: Any) -> tuple[int, int]:
     return len(cuts.cuts), chunk_budget(PROGRAM_OUTPUT_TOKENS, len(cuts.cuts))
 
 
-def running_per_rank(metrics_text: str) -> dict[str, float]:
-    """`vllm:num_requests_running` per engine label (rank) from one /metrics page."""
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+
+
+def per_rank(metrics_text: str, metric: str = RUNNING) -> dict[str, float]:
+    """One gauge (running requests by default) per engine label (rank) from one /metrics page."""
     out: dict[str, float] = {}
     for line in metrics_text.splitlines():
-        if not line.startswith("vllm:num_requests_running{"):
+        if not line.startswith(metric + "{"):
             continue
         labels, _, value = line.rpartition(" ")
         engine = next((part.split("=", 1)[1].strip('"') for part in labels[labels.index("{") + 1: -1].split(",")
@@ -256,29 +286,41 @@ def running_per_rank(metrics_text: str) -> dict[str, float]:
 
 
 class RankSampler:
-    """Samples each rank's running requests every `period_s` while a block runs (max and mean per rank)."""
+    """Samples each rank's running and waiting requests every `period_s` while a block runs.
+
+    Waiting requests on a rank mean its engine is the queue; few running and none waiting mean the
+    requests are elsewhere (client, front ends, features) and the engine is starved.
+    """
 
     def __init__(self, url: str, period_s: float = 0.25) -> None:
         self.url, self.period_s = url, period_s
         self.samples: list[dict[str, float]] = []
+        self.waiting: list[dict[str, float]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _loop(self) -> None:
         async with httpx.AsyncClient(timeout=5) as client:
             while True:
                 with contextlib.suppress(httpx.HTTPError):
-                    self.samples.append(running_per_rank((await client.get(f"{self.url}/metrics")).text))
+                    text = (await client.get(f"{self.url}/metrics")).text
+                    self.samples.append(per_rank(text, RUNNING))
+                    self.waiting.append(per_rank(text, WAITING))
                 await asyncio.sleep(self.period_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> dict[str, dict[str, float]]:
+        """Per rank: running (max, mean while busy, samples) and the mean of waiting over the same samples."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        return summarize_ranks(self.samples)
+        ranks = summarize_ranks(self.samples)
+        busy = [i for i, s in enumerate(self.samples) if sum(s.values()) > 0]
+        for rank, entry in ranks.items():
+            entry["waiting_mean_busy"] = round(sum(self.waiting[i].get(rank, 0.0) for i in busy) / len(busy), 2) if busy else 0.0
+        return ranks
 
 
 def summarize_ranks(samples: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -292,6 +334,51 @@ def summarize_ranks(samples: Sequence[dict[str, float]]) -> dict[str, dict[str, 
             "samples": len(busy),
         }
         for rank in ranks
+    }
+
+
+def process_role(title: str) -> str:
+    """The role of one process of a gateway's group, from its title (setproctitle'd command line)."""
+    for marker, role in (("frontend-", "frontend-"), ("EngineCore", "engine-core"), ("DPCoordinator", "dp-coordinator")):
+        if marker in title:
+            rest = title.split(marker, 1)[1].split()
+            suffix = rest[0].lstrip("_") if rest else ""
+            return role + (suffix if role.endswith("-") or not suffix else f"-{suffix}")
+    if "bench.dp serve" in title:
+        return "parent"
+    return "other"
+
+
+def group_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of a gateway's process and all its descendants, summed per role."""
+    out: dict[str, float] = {}
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return out
+    for process in members:
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            role = process_role(" ".join(process.cmdline()) or process.name())
+            out[role] = out.get(role, 0.0) + times.user + times.system
+    return out
+
+
+def cpu_of_block(before: dict[str, float], after: dict[str, float], wall_s: float, requests: int) -> dict[str, Any]:
+    """A block's CPU per role: seconds, share of one core over the block, and the busiest front end's share.
+
+    A front end near 1.0 of a core is the limit of the block (one event loop per process); CPU
+    milliseconds per request across the front ends say what each request costs them.
+    """
+    spent = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 3) for role in after}
+    frontends = {role: cpu for role, cpu in spent.items() if role.startswith("frontend-")}
+    share = (lambda cpu: round(cpu / wall_s, 3)) if wall_s > 0 else (lambda cpu: 0.0)
+    return {
+        "cpu_s": spent,
+        "core_share": {role: share(cpu) for role, cpu in spent.items()},
+        "busiest_frontend_share": max((share(cpu) for cpu in frontends.values()), default=0.0),
+        "frontend_cpu_ms_per_request": round(1000 * sum(frontends.values()) / requests, 2) if requests else None,
     }
 
 
@@ -328,7 +415,11 @@ def serve(allow_unqualified: bool) -> int:
 
 
 def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> dict[str, str]:
-    """The environment of one gateway: same engine settings for both, only dp and the devices differ."""
+    """The environment of one gateway: same settings for both, only dp, the devices and the front ends differ.
+
+    Front-end processes scale with the ranks (`--api-processes-per-rank`), as `vllm serve` defaults its API
+    server count to the data-parallel size: every rank's requests get the same front-end CPU in both.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_GATEWAY_")}
     for section, values in shared_settings(args).items():
         env.update({f"MOSS_GATEWAY_{section.upper()}__{key.upper()}": str(value) for key, value in values.items()})
@@ -339,7 +430,7 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_SERVER__PORT": str(port),
         "MOSS_GATEWAY_SERVER__ADMIN_TOKEN": token,
         "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(dp),
-        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(args.api_processes),
+        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(args.api_processes_per_rank * dp),
         "MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN": str(args.max_model_len),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
@@ -365,14 +456,14 @@ def block_spec(
     cell: str, *, url: str, token: str, files: dict[str, list[str]], program_tokens: int,
     requests_per_worker: int = 1, processes: int = 1,
 ) -> dict[str, Any]:
-    """The client spec of one block: 128 (or 256) streams of 12 s clips at 153 tokens, or the program once, chunked.
+    """The client spec of one block: 128 (or 256, or 64) streams of 12 s clips at 153 tokens, or the program once, chunked.
 
     Short cells: each stream sends `requests_per_worker` clips back to back, from `processes` client processes.
     `program_tokens` is per chunk (the gateway applies max_completion_tokens to each chunk).
     """
     base = {"url": url, "token": token, "response_format": "json"}
-    if cell in (SHORT_CELL, SCALED_CELL):
-        streams = SHORT_STREAMS if cell == SHORT_CELL else SCALED_STREAMS
+    if cell in STREAMS:
+        streams = STREAMS[cell]
         return {**base, "files": files[cell][: streams * requests_per_worker], "concurrency": streams,
                 "requests_per_worker": requests_per_worker, "output_tokens": SHORT_TOKENS, "processes": processes}
     return {
@@ -399,14 +490,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     clips = [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i)))
              for i in range(SCALED_STREAMS * args.requests_per_worker)]
     program_pcm = noise_pcm16(PROGRAM_DURATION_S, 7)
-    files = {SHORT_CELL: clips, SCALED_CELL: clips, PROGRAM_CELL: [str(write_wav(work / "program.wav", program_pcm))]}
+    files = {SHORT_CELL: clips, SCALED_CELL: clips, HALF_CELL: clips, PROGRAM_CELL: [str(write_wav(work / "program.wav", program_pcm))]}
     try:
         started = time.monotonic()
         for dp, port in ports.items():
             while True:
                 assert procs[dp].poll() is None, f"gateway dp={dp} exited; see {work}/gateway-dp{dp}.log"
                 assert time.monotonic() - started < args.start_timeout_s, f"gateway dp={dp} not ready"
-                if every_frontend_ready(f"http://127.0.0.1:{port}", args.api_processes):
+                if every_frontend_ready(f"http://127.0.0.1:{port}", args.api_processes_per_rank * dp):
                     break
                 await asyncio.sleep(1)
             result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
@@ -414,9 +505,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         chunks, per_chunk = program_plan(args, program_pcm)
         result["program_plan"] = {"chunks": chunks, "tokens_per_chunk": per_chunk, "forced_tokens": chunks * per_chunk,
                                   "chunk_target_s": args.chunk_target_s}
-        names = blocks(short_dps=args.short_dp, program_dps=args.program_dp, scaled=2 in args.short_dp)
+        names = blocks(short_dps=args.short_dp, program_dps=args.program_dp, scaled=2 in args.short_dp, half=args.half_cell)
         for dp in dps:  # warm-up: every shape once on each gateway, not measured
-            for cell in (SHORT_CELL, SCALED_CELL, PROGRAM_CELL):
+            for cell in (SHORT_CELL, SCALED_CELL, HALF_CELL, PROGRAM_CELL):
                 spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
                 await _client({**spec, "concurrency": 1, "requests_per_worker": 1, "processes": 1, "files": spec["files"][:1],
                                "output_tokens": 16}, work, f"warm{dp}")
@@ -429,7 +520,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                               processes=args.client_processes)
             sampler = RankSampler(f"http://127.0.0.1:{ports[dp]}")
             sampler.start()
+            cpu_before = group_cpu_s(procs[dp].pid)
             answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
+            cpu_after = group_cpu_s(procs[dp].pid)
             ranks = await sampler.stop()
             records = answer.get("records", [])
             program = cell == PROGRAM_CELL
@@ -441,7 +534,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 forced_tokens=chunks * per_chunk if program else len(spec["files"]) * SHORT_TOKENS,
             )
             row.update(running_per_rank=ranks, client_processes=answer.get("processes", 1),
-                       shard_walls_s=answer.get("shard_walls_s"))
+                       shard_walls_s=answer.get("shard_walls_s"), api_processes=args.api_processes_per_rank * dp,
+                       cpu=cpu_of_block(cpu_before, cpu_after, row["wall_s"], row["requests"]))
             result["rows"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=1))
             logger.info("%s", result["rows"][-1])
@@ -471,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--repeats", type=int, default=3)
-    r.add_argument("--api-processes", type=int, default=4, help="front-end processes of each gateway (server.api_processes)")
+    r.add_argument("--api-processes-per-rank", type=int, default=4,
+                   help="front-end processes per data-parallel rank (server.api_processes = this x dp)")
+    r.add_argument("--no-half-cell", dest="half_cell", action="store_false",
+                   help=f"skip dp=1 at {HALF_STREAMS} streams (the per-GPU load of dp=2 at {SHORT_STREAMS})")
     r.add_argument("--program-dp", type=dp_values, default=[2, 1],
                    help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
     r.add_argument("--short-dp", type=dp_values, default=[1, 2],

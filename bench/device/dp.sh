@@ -29,8 +29,10 @@
 # x 114,688 B = 6.6 GB for the short cell; the program's chunks, spread over the ranks, well under it).
 # Only one block runs at a time, so the engine not measured is idle. REPEATS (3), PROGRAM_DP ("2,1"; "2"
 # to skip the dp=1 program when time is short), SHORT_DP ("1,2"; "" runs the program cells only),
-# RENDERER_WORKERS (both gateways' engine.renderer_num_workers; unset: the gateway's default), CHUNK_TARGET_S (290), API_PROCESSES (4: each gateway's front-end processes,
-# service/frontends.py; 128 streams over two GPUs need more than one event loop) and DEADLINE_S (565).
+# RENDERER_WORKERS (both gateways' engine.renderer_num_workers; unset: the gateway's default), CHUNK_TARGET_S (290),
+# API_PROCESSES_PER_RANK (4: front-end processes per rank, service/frontends.py; dp=2's gateway gets twice dp=1's, as
+# vllm serve defaults its API servers to the data-parallel size), HALF_CELL (1: also dp=1 at 64 streams, 0: not) and
+# DEADLINE_S (565). Two gateways with 4 and 8 front ends take about 110-130 s to be ready: DEADLINE_S >= 450.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
@@ -57,10 +59,10 @@ b)
   LEFT=$((DEADLINE - (SECONDS - T0)))
   rc=0
   timeout -k 10 "$LEFT" python3 -m bench.dp run --model "$CKPT" --out "$OUT/dp.json" --repeats "${REPEATS:-3}" \
-      --program-dp "${PROGRAM_DP:-2,1}" --api-processes "${API_PROCESSES:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
+      --program-dp "${PROGRAM_DP:-2,1}" --api-processes-per-rank "${API_PROCESSES_PER_RANK:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
-      --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" \
+      --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" $([ "${HALF_CELL:-1}" = 0 ] && echo --no-half-cell) \
       ${RENDERER_WORKERS:+--renderer-num-workers "$RENDERER_WORKERS"} --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true

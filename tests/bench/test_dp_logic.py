@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from bench import dp
@@ -13,16 +18,17 @@ from service.settings import GatewaySettings
 def test_every_block_runs_in_every_repetition_in_a_rotated_order() -> None:
     names = dp.blocks()
     plan = dp.schedule(names, 3)
-    assert len(plan) == 15
+    assert len(plan) == 18
     for repeat in range(3):
         blocks = sorted((c, d) for r, c, d in plan if r == repeat)
-        assert blocks == sorted([(dp.SHORT_CELL, 1), (dp.SHORT_CELL, 2), (dp.SCALED_CELL, 2), (dp.PROGRAM_CELL, 2), (dp.PROGRAM_CELL, 1)])
+        assert blocks == sorted([(dp.SHORT_CELL, 1), (dp.SHORT_CELL, 2), (dp.HALF_CELL, 1), (dp.SCALED_CELL, 2),
+                                 (dp.PROGRAM_CELL, 2), (dp.PROGRAM_CELL, 1)])
     firsts = [next((c, d) for r, c, d in plan if r == repeat) for repeat in range(3)]
     assert len(set(firsts)) == 3  # no block always runs first
 
 
 def test_a_program_only_run_has_no_short_blocks() -> None:
-    names = dp.blocks(short_dps=[], program_dps=[2, 1], scaled=False)
+    names = dp.blocks(short_dps=[], program_dps=[2, 1], scaled=False)  # no dp=1 short cell: no half cell either
     assert names == [f"{dp.PROGRAM_CELL}@2", f"{dp.PROGRAM_CELL}@1"]
     assert len(dp.schedule(names, 3)) == 6
 
@@ -81,7 +87,7 @@ def test_the_report_table_and_plot(tmp_path: Path) -> None:
 def bench_args(**overrides: object) -> argparse.Namespace:
     values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
-        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes=4, chunk_target_s=290.0, requests_per_worker=2,
+        gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes_per_rank=4, chunk_target_s=290.0, requests_per_worker=2,
         renderer_num_workers=None,
     )
     values.update(overrides)
@@ -137,7 +143,8 @@ def test_running_requests_are_read_per_rank_from_metrics() -> None:
         'vllm:num_requests_running{engine="1",model_name="m"} 4.0',
         'vllm:num_requests_waiting{engine="0",model_name="m"} 9.0',
     ])
-    assert dp.running_per_rank(page) == {"0": 60.0, "1": 4.0}
+    assert dp.per_rank(page) == {"0": 60.0, "1": 4.0}
+    assert dp.per_rank(page, dp.WAITING) == {"0": 9.0}
     ranks = dp.summarize_ranks([{"0": 0.0, "1": 0.0}, {"0": 60.0, "1": 4.0}, {"0": 40.0, "1": 8.0}])
     assert ranks == {"0": {"max": 60.0, "mean_busy": 50.0, "samples": 2}, "1": {"max": 8.0, "mean_busy": 6.0, "samples": 2}}
 
@@ -150,10 +157,69 @@ def test_short_blocks_send_several_clips_per_stream_from_several_processes() -> 
     assert program["output_tokens"] == 9 and program.get("processes", 1) == 1 and program["files"] == ["p"]
 
 
-def test_the_two_gateways_differ_only_in_dp_and_devices() -> None:
+def test_the_two_gateways_differ_only_in_dp_devices_and_front_ends_per_rank() -> None:
     args = bench_args()
     one, two = (dp.gateway_env(args, dp=d, port=1, token="t") for d in (1, 2))
     differ = {k for k in one.keys() | two.keys() if one.get(k) != two.get(k)}
-    assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE", "MOSS_GATEWAY_STATE_DIR"}
+    assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE", "MOSS_GATEWAY_STATE_DIR",
+                      "MOSS_GATEWAY_SERVER__API_PROCESSES"}
     assert two["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert one["MOSS_GATEWAY_SERVER__API_PROCESSES"] == two["MOSS_GATEWAY_SERVER__API_PROCESSES"] == "4"
+    assert (one["MOSS_GATEWAY_SERVER__API_PROCESSES"], two["MOSS_GATEWAY_SERVER__API_PROCESSES"]) == ("4", "8")
+
+
+def test_the_half_cell_separates_data_parallel_scaling_from_one_gpus_batch_gain() -> None:
+    """dp=2 at 128 over dp=1 at 64 (each GPU at 64 streams) and dp=1 at 128 over dp=1 at 64, per repetition."""
+    data = rows({1: [4.0, 4.0], 2: [3.0, 2.5]}, [])
+    for repeat, wall in enumerate([6.0, 5.0]):
+        data.append(dp.dp_row(cell=dp.HALF_CELL, repeat=repeat, wall_s=wall, requests=64, dp=1, ok=64, audio_s=12.0))
+    summary = dp.summarize(data)
+    assert summary["rank_scaling_ratio_per_repeat"] == [round((128 / 3.0) / (64 / 6.0), 4), round((128 / 2.5) / (64 / 5.0), 4)]
+    assert summary["batch_gain_ratio_per_repeat"] == [3.0, 2.5]
+    assert summary["scaled_ratio_per_repeat"] == [] and summary["scaled_ratio_median"] is None
+    table = dp.render(summary)
+    assert "data parallelism's own scaling" in table and "one GPU's gain" in table and "same batch on every GPU" not in table
+    spec = dp.block_spec(dp.HALF_CELL, url="u", token="t", files={dp.HALF_CELL: [f"f{i}" for i in range(600)]},
+                         program_tokens=9, requests_per_worker=3, processes=8)
+    assert spec["concurrency"] == 64 and len(spec["files"]) == 192
+
+
+def test_waiting_requests_are_averaged_over_the_busy_samples() -> None:
+    sampler = dp.RankSampler("http://unused")
+    sampler.samples = [{"0": 0.0}, {"0": 10.0}, {"0": 20.0}]
+    sampler.waiting = [{"0": 50.0}, {"0": 4.0}, {"0": 0.0}]  # the idle sample's queue does not count
+    ranks = asyncio.run(sampler.stop())
+    assert ranks["0"]["mean_busy"] == 15.0 and ranks["0"]["waiting_mean_busy"] == 2.0
+
+
+def test_process_roles_come_from_the_titles_the_gateway_and_vllm_set() -> None:
+    titles = {
+        "moss-gateway::frontend-3": "frontend-3", "VLLM::EngineCore_DP1": "engine-core-DP1",
+        "VLLM::EngineCore": "engine-core", "VLLM::DPCoordinator": "dp-coordinator",
+        "/usr/bin/python3 -m bench.dp serve --allow-unqualified": "parent", "python3 -c pass": "other",
+    }
+    assert {title: dp.process_role(title) for title in titles} == titles
+
+
+def test_a_blocks_cpu_names_the_busiest_front_end_and_the_cost_per_request() -> None:
+    before = {"frontend-0": 1.0, "frontend-1": 2.0, "engine-core": 5.0}
+    after = {"frontend-0": 10.0, "frontend-1": 6.0, "engine-core": 12.0, "parent": 0.5}
+    cpu = dp.cpu_of_block(before, after, wall_s=10.0, requests=130)
+    assert cpu["cpu_s"] == {"frontend-0": 9.0, "frontend-1": 4.0, "engine-core": 7.0, "parent": 0.5}
+    assert cpu["busiest_frontend_share"] == 0.9 and cpu["core_share"]["engine-core"] == 0.7
+    assert cpu["frontend_cpu_ms_per_request"] == 100.0
+
+
+def test_the_cpu_of_a_real_process_group_is_counted_per_role() -> None:
+    """This test process and a child that burns CPU under a front end's title (the role comes from its command line)."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys,time\nend=time.process_time()+0.3\nwhile time.process_time()<end: pass\ntime.sleep(30)",
+                              "moss-gateway::frontend-7"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and dp.group_cpu_s(os.getpid()).get("frontend-7", 0.0) < 0.25:
+            time.sleep(0.1)
+        spent = dp.group_cpu_s(os.getpid())
+        assert spent["frontend-7"] >= 0.25 and spent["other"] > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert dp.group_cpu_s(2**22 + 12345) == {}  # a process that does not exist: nothing, no error
