@@ -263,6 +263,15 @@ class EngineSettings(BaseModel):
         None, description="Batch sizes captured as CUDA graphs. Unset: vLLM's list (up to 2 x max_num_seqs, at most 512)."
     )
     data_parallel_size: int = Field(1, ge=1, description="vLLM data-parallel replicas on one host.")
+    distributed_executor_backend: Literal["mp", "uni"] | None = Field(
+        None,
+        description=(
+            "How each engine core runs its model: 'uni' in the engine core's own process, 'mp' in a worker "
+            "process the core drives over shared memory. Unset: vLLM's choice, which is 'uni' for one rank "
+            "and 'mp' as soon as data_parallel_size > 1, although each rank of this dense single-GPU model is "
+            "still one worker (vLLM counts the ranks into the world size when it picks)."
+        ),
+    )
     renderer_num_workers: int = Field(
         1,
         ge=1,

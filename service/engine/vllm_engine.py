@@ -151,6 +151,8 @@ class VllmTranscriptionEngine:
             kwargs["attention_config"] = {"flash_attn_max_num_splits_for_cuda_graph": s.flash_attn_max_num_splits}
         if s.async_scheduling is not None:
             kwargs["async_scheduling"] = s.async_scheduling
+        if s.distributed_executor_backend is not None:
+            kwargs["distributed_executor_backend"] = s.distributed_executor_backend
         if s.cudagraph_mode is not None:
             kwargs["compilation_config"] = {"cudagraph_mode": s.cudagraph_mode}
         if s.cudagraph_capture_sizes is not None:

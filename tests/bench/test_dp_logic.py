@@ -88,7 +88,7 @@ def bench_args(**overrides: object) -> argparse.Namespace:
     values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
         gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes_per_rank=4, chunk_target_s=290.0, requests_per_worker=2,
-        renderer_num_workers=None,
+        renderer_num_workers=None, distributed_executor_backend=None,
     )
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -127,13 +127,18 @@ def test_the_bench_plans_the_chunks_with_the_gateways_settings() -> None:
     assert served.chunking_defaults()["target_s"] == 290.0 and served.longform.max_concurrent_chunks >= chunks
 
 
-def test_renderer_workers_reach_both_gateways_only_when_asked() -> None:
-    assert "MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS" not in dp.gateway_env(bench_args(), dp=1, port=1, token="t")
+def test_renderer_workers_and_the_executor_reach_both_gateways_only_when_asked() -> None:
+    plain = dp.gateway_env(bench_args(), dp=1, port=1, token="t")
+    assert "MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS" not in plain
+    assert "MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND" not in plain
     for d in (1, 2):
-        env = dp.gateway_env(bench_args(renderer_num_workers=8), dp=d, port=1, token="t")
+        env = dp.gateway_env(bench_args(renderer_num_workers=8, distributed_executor_backend="uni"), dp=d, port=1, token="t")
         assert env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] == "8"
-    served = GatewaySettings(engine={"renderer_num_workers": env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"]})
-    assert served.engine.renderer_num_workers == 8
+    served = GatewaySettings(engine={
+        "renderer_num_workers": env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"],
+        "distributed_executor_backend": env["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"],
+    })
+    assert served.engine.renderer_num_workers == 8 and served.engine.distributed_executor_backend == "uni"
 
 
 def test_running_requests_are_read_per_rank_from_metrics() -> None:

@@ -36,8 +36,10 @@ def test_engine_choices_reach_vllm(tmp_path: Path) -> None:
         cudagraph_capture_sizes=[8, 1, 2, 2],
         flash_attn_max_num_splits=128,
         renderer_num_workers=7,
+        distributed_executor_backend="uni",
     )
     assert args.renderer_num_workers == 7
+    assert args.distributed_executor_backend == "uni"
     # vLLM 0.26 refuses several renderer workers while its processor cache is on (regression: the H200 start failed).
     assert args.mm_processor_cache_gb == 0
     assert args.async_scheduling is False
@@ -54,6 +56,7 @@ def test_unset_choices_leave_vllm_defaults(tmp_path: Path) -> None:
     defaults = AsyncEngineArgs(model=str(tmp_path))
     args = _args(tmp_path)
     assert args.async_scheduling == defaults.async_scheduling
+    assert args.distributed_executor_backend == defaults.distributed_executor_backend
     assert args.cudagraph_capture_sizes == defaults.cudagraph_capture_sizes
     assert _get(args.compilation_config, "cudagraph_mode") == _get(defaults.compilation_config, "cudagraph_mode")
     assert _get(args.attention_config, "flash_attn_max_num_splits_for_cuda_graph") == _get(
@@ -68,3 +71,5 @@ def test_bad_choices_are_refused_by_the_settings() -> None:
         EngineSettings(flash_attn_max_num_splits=0)
     with pytest.raises(ValueError):
         EngineSettings(renderer_num_workers=0)
+    with pytest.raises(ValueError):
+        EngineSettings(distributed_executor_backend="ray")  # one host; vLLM's Ray path is not part of this product
