@@ -73,6 +73,9 @@ SCALED_STREAMS, HALF_STREAMS = 256, 64
 STREAMS = {SHORT_CELL: SHORT_STREAMS, SCALED_CELL: SCALED_STREAMS, HALF_CELL: HALF_STREAMS}
 TARGET_RATIO, TARGET_PROGRAM_S = 1.9, 8.0
 UNQUALIFIED_ID = "bench-unqualified"
+#: Thread-count variables the gateways inherit (torch sizes its CPU thread pool from OMP_NUM_THREADS in every
+#: process that runs a model: with engine.distributed_executor_backend=uni that is each engine core).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -480,7 +483,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     token = os.urandom(16).hex()
     dps = sorted({1, 2})
     ports = {dp: 18000 + dp for dp in dps}
-    result: dict[str, Any] = {"kind": "dp", "rows": [], "args": {k: str(v) for k, v in vars(args).items()}}
+    result: dict[str, Any] = {"kind": "dp", "rows": [], "args": {k: str(v) for k, v in vars(args).items()},
+                              "environment": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
     procs = {
         dp: subprocess.Popen(
             [sys.executable, "-m", "bench.dp", "serve", *(["--allow-unqualified"] if args.allow_unqualified else [])],
