@@ -2,6 +2,7 @@
 
     python -m bench.dp run --model DIR --out dp.json [--repeats 3] [--program-dp 2,1] [engine options]
     python -m bench.dp report dp.json [--plot docs/dp.png]
+    python -m bench.dp chunks gateway-dp2.log[.xz] ...   # the chunked program's per-chunk timings
     python -m bench.dp serve            # one gateway, settings from MOSS_GATEWAY_* (spawned by `run`)
 
 What runs: two gateways (`moss-gateway serve`'s app, each its own process with its
@@ -43,11 +44,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import lzma
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -76,6 +80,8 @@ UNQUALIFIED_ID = "bench-unqualified"
 #: Thread-count variables the gateways inherit (torch sizes its CPU thread pool from OMP_NUM_THREADS in every
 #: process that runs a model: with engine.distributed_executor_backend=uni that is each engine core).
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: The revision label of service.identity.gateway_revision (the device's copy of the tree may carry a stale .git).
+REVISION_ENV = "MOSS_GATEWAY_GIT_REVISION"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -136,6 +142,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             str(row["dp"]), {"wall_s": [], "complete_wall_s": [], "audio_s_per_s": [], "incomplete": 0}
         )
         entry["wall_s"].append(row["wall_s"])
+        entry.setdefault("running_mean_busy", []).append(
+            round(sum(rank["mean_busy"] for rank in (row.get("running_per_rank") or {}).values()), 1))
+        if row.get("cpu"):
+            entry.setdefault("busiest_frontend_share", []).append(row["cpu"]["busiest_frontend_share"])
         if complete(row):
             entry["complete_wall_s"].append(row["wall_s"])
             entry["audio_s_per_s"].append(row["audio_s"] * row["requests"] / row["wall_s"])
@@ -191,15 +201,18 @@ def _ratios(rows: list[dict[str, Any]], numerator: tuple[str, int], denominator:
 def render(summary: dict[str, Any]) -> str:
     """The markdown table for docs/benchmarks.md."""
     lines = [
-        "| cell | dp | median wall (s), complete blocks | median audio-s/s | walls (s), all blocks | incomplete blocks |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| cell | dp | median wall (s), complete blocks | median audio-s/s | walls (s), all blocks | incomplete blocks "
+        "| running, all ranks (mean while busy) | busiest front end (share of a core) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell, per_dp in summary["cells"].items():
         for dp, entry in sorted(per_dp.items()):
             rate = entry["median_audio_s_per_s"]
             lines.append(
                 f"| {cell} | {dp} | {_fmt(entry['median_wall_s'])} | {'-' if rate is None else f'{rate:.0f}'} | "
-                f"{', '.join(f'{w:.2f}' for w in entry['wall_s'])} | {entry.get('incomplete', 0)} |"
+                f"{', '.join(f'{w:.2f}' for w in entry['wall_s'])} | {entry.get('incomplete', 0)} | "
+                f"{', '.join(f'{r:g}' for r in entry.get('running_mean_busy', [])) or '-'} | "
+                f"{', '.join(f'{b:.2f}' for b in entry.get('busiest_frontend_share', [])) or '-'} |"
             )
     ratio, program = summary["short_ratio_median"], summary["program_dp2_median_s"]
     lines.append("")
@@ -223,21 +236,26 @@ def _fmt(value: float | None) -> str:
 
 
 def plot(summary: dict[str, Any], out: Path) -> Path:
-    """Bars: median audio-s/s of the short cell and median program wall time, per dp."""
+    """Bars: median audio-s/s of every short cell per dp (64, 128, 256 streams), and the program's median wall per dp."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
-    for axis, cell, key, label in (
-        (left, SHORT_CELL, "median_audio_s_per_s", f"audio-s/s, {SHORT_STREAMS} x 12 s"),
-        (right, PROGRAM_CELL, "median_wall_s", "program wall (s), chunked"),
-    ):
-        per_dp = summary["cells"].get(cell, {})
-        dps = sorted(per_dp)
-        axis.bar([f"dp={dp}" for dp in dps], [per_dp[dp][key] or 0 for dp in dps], color=["#888", "#36c"][: len(dps)])
-        axis.set_title(label)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [2, 1]})
+    bars = [
+        (f"{STREAMS[cell]} streams\ndp={dp}", entry["median_audio_s_per_s"] or 0.0, "#36c" if dp == "2" else "#888")
+        for cell in (HALF_CELL, SHORT_CELL, SCALED_CELL)
+        for dp, entry in sorted(summary["cells"].get(cell, {}).items())
+    ]
+    left.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
+    left.set_title("12 s clips x 153 tokens: median audio-s/s")
+    program = summary["cells"].get(PROGRAM_CELL, {})
+    dps = sorted(program)
+    right.bar([f"dp={dp}" for dp in dps], [program[dp]["median_wall_s"] or 0.0 for dp in dps],
+              color=["#36c" if dp == "2" else "#888" for dp in dps])
+    right.axhline(TARGET_PROGRAM_S, color="#c33", linestyle="--", linewidth=1)
+    right.set_title("program, chunked: median wall (s)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -385,6 +403,47 @@ def cpu_of_block(before: dict[str, float], after: dict[str, float], wall_s: floa
     }
 
 
+#: A long pass's progress line (service.transcription.engine_pass with EngineTimings.summary), one per chunk.
+CHUNK_LINE = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO service\.transcription\.engine_pass: "
+    r"(?P<request>trsc-\w+)-c(?P<chunk>\d+): (?P<done>\d+)/(?P<of>\d+) tokens(?: \((?P<summary>[^)]*)\))?$"
+)
+
+
+def chunk_timings(log_text: str, *, min_chunks: int = 2) -> list[dict[str, Any]]:
+    """Per chunked request in a gateway log: how its chunks' features, first tokens and decodes ranged.
+
+    Reads each chunk's last progress line. `end_spread_s` is how far apart the chunks finished (every
+    chunk of the bench's program decodes the same forced tokens, so it is how far apart they started);
+    logs from before the timings were logged (run c) give only that.
+    """
+    last: dict[str, dict[int, tuple[float, dict[str, float]]]] = {}
+    for line in log_text.splitlines():
+        match = CHUNK_LINE.match(line)
+        if match is None:
+            continue
+        at = datetime.strptime(match["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        parts = dict(part.rsplit(" ", 2)[:2] for part in match["summary"].split(", ")) if match["summary"] else {}
+        last.setdefault(match["request"], {})[int(match["chunk"])] = (at, {k: float(v) for k, v in parts.items()})
+    out = []
+    for request, chunks in last.items():
+        if len(chunks) < min_chunks:
+            continue
+        ends = [at for at, _ in chunks.values()]
+        row: dict[str, Any] = {"request": request, "chunks": len(chunks), "end_spread_s": round(max(ends) - min(ends), 3)}
+        for name in ("features", "first token", "decode"):
+            values = [parts[name] for _, parts in chunks.values() if name in parts]
+            if values:
+                row[name.replace(" ", "_") + "_s"] = [min(values), max(values)]
+        out.append(row)
+    return out
+
+
+def read_log(path: Path) -> str:
+    """A gateway log, plain or xz-compressed (as kept under bench/results/)."""
+    return lzma.open(path, "rt", errors="replace").read() if path.suffix == ".xz" else path.read_text(errors="replace")
+
+
 # -- one gateway (spawned by `run`) ---------------------------------------------------------------
 
 
@@ -423,7 +482,8 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
     Front-end processes scale with the ranks (`--api-processes-per-rank`), as `vllm serve` defaults its API
     server count to the data-parallel size: every rank's requests get the same front-end CPU in both.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_GATEWAY_")}
+    # The bench's own MOSS_GATEWAY_* settings replace the caller's, except the build label the identity reports.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOSS_GATEWAY_") or k == REVISION_ENV}
     for section, values in shared_settings(args).items():
         env.update({f"MOSS_GATEWAY_{section.upper()}__{key.upper()}": str(value) for key, value in values.items()})
     env.update({
@@ -599,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report")
     p.add_argument("file", type=Path)
     p.add_argument("--plot", type=Path, default=None)
+    c = sub.add_parser("chunks", help="per chunked request in gateway logs: features, first token, decode, end spread")
+    c.add_argument("logs", type=Path, nargs="+")
     s = sub.add_parser("serve")
     s.add_argument("--allow-unqualified", action="store_true")
     args = parser.parse_args(argv)
@@ -606,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the rank sampler polls /metrics four times a second
     if args.command == "serve":
         return serve(args.allow_unqualified)
+    if args.command == "chunks":
+        for log in args.logs:
+            for row in chunk_timings(read_log(log)):
+                print(json.dumps({"log": log.name, **row}))
+        return 0
     if args.command == "report":
         data = json.loads(args.file.read_text())
         summary = summarize(data["rows"])

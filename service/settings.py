@@ -273,16 +273,17 @@ class EngineSettings(BaseModel):
         ),
     )
     renderer_num_workers: int = Field(
-        1,
+        8,
         ge=1,
         le=64,
         description=(
             "Threads of vLLM's renderer (model_config.renderer_num_workers), which computes each pass's audio "
-            "features before the pass reaches the engine. With one (vLLM's default) a chunked program's chunks "
-            "get their features one after another: 15 chunks of 200 s reach the engine over 1.9 s on the 2-core "
-            "dev machine (tools/render_spread.py), and more threads did not shorten that there (the extractor "
-            "already uses both cores). Not measured on a many-core GPU host yet. Output is unchanged, so it is "
-            "not part of the backend identity."
+            "features before the pass reaches the engine. vLLM's default is 1: a chunked program's chunks then "
+            "get their features one after another, about 0.13 s per 200 s chunk, and on two H200s the 47:41 "
+            "program's 15 chunks finished up to 2.6 s apart (run c, docs/benchmarks.md). With 8 every chunk had "
+            "its features within 0.5 s and the program took 7.4-7.8 s instead of 8.9 s (runs d-g). On a 2-core "
+            "machine 8 threads neither help nor hurt (tools/render_spread.py). Output is unchanged, so it is not "
+            "part of the backend identity."
         ),
     )
     seed: int = 0

@@ -60,7 +60,7 @@ b)
   LEFT=$((DEADLINE - (SECONDS - T0)))
   rc=0
   timeout -k 10 "$LEFT" python3 -m bench.dp run --model "$CKPT" --out "$OUT/dp.json" --repeats "${REPEATS:-3}" \
-      --program-dp "${PROGRAM_DP:-2,1}" --api-processes-per-rank "${API_PROCESSES_PER_RANK:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
+      --program-dp "${PROGRAM_DP-2,1}" --api-processes-per-rank "${API_PROCESSES_PER_RANK:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
       --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" $([ "${HALF_CELL:-1}" = 0 ] && echo --no-half-cell) \

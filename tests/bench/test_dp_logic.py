@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import lzma
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from bench import dp
 from bench.workloads import PROGRAM_DURATION_S, noise_pcm16
+from service.engine.protocol import EngineTimings
 from service.settings import GatewaySettings
 
 
@@ -81,6 +85,7 @@ def test_the_report_table_and_plot(tmp_path: Path) -> None:
     summary = dp.summarize(rows({1: [4.0], 2: [2.0]}, [7.0]))
     table = dp.render(summary)
     assert f"| {dp.SHORT_CELL} | 2 | 2.00 | 768 |" in table and "median 2.00x" in table
+    assert table.splitlines()[2].endswith("| 0 | 0 | - |")  # no rank samples, no CPU figures in these rows
     assert dp.plot(summary, tmp_path / "dp.png").stat().st_size > 0
 
 
@@ -205,6 +210,15 @@ def test_process_roles_come_from_the_titles_the_gateway_and_vllm_set() -> None:
     assert {title: dp.process_role(title) for title in titles} == titles
 
 
+def test_the_table_shows_each_blocks_occupancy_and_busiest_front_end() -> None:
+    data = rows({1: [4.0, 5.0]}, [])
+    for row, share in zip(data, (0.9, 0.7)):
+        row["running_per_rank"] = {"0": {"max": 64.0, "mean_busy": 40.0 * share, "samples": 9}}
+        row["cpu"] = {"busiest_frontend_share": share}
+    line = dp.render(dp.summarize(data)).splitlines()[2]
+    assert line.endswith("| 36, 28 | 0.90, 0.70 |")
+
+
 def test_a_blocks_cpu_names_the_busiest_front_end_and_the_cost_per_request() -> None:
     before = {"frontend-0": 1.0, "frontend-1": 2.0, "engine-core": 5.0}
     after = {"frontend-0": 10.0, "frontend-1": 6.0, "engine-core": 12.0, "parent": 0.5}
@@ -228,3 +242,40 @@ def test_the_cpu_of_a_real_process_group_is_counted_per_role() -> None:
         child.kill()
         child.wait()
     assert dp.group_cpu_s(2**22 + 12345) == {}  # a process that does not exist: nothing, no error
+
+
+def test_the_gateways_keep_the_callers_revision_label_but_none_of_its_other_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the H200 runs of 2026-11-30 (d) reported the device copy's stale HEAD as the gateway revision."""
+    monkeypatch.setenv(dp.REVISION_ENV, "07fa5fa")
+    monkeypatch.setenv("MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS", "999")
+    env = dp.gateway_env(bench_args(), dp=2, port=1, token="t")
+    assert env[dp.REVISION_ENV] == "07fa5fa" and env["MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS"] == "3"
+
+
+def _progress_line(at: str, request: str, chunk: int, timings: EngineTimings) -> str:
+    """A progress line as service.transcription.engine_pass writes it, with the real EngineTimings.summary."""
+    return f"{at} INFO service.transcription.engine_pass: {request}-c{chunk}: 2433/2433 tokens ({timings.summary()})"
+
+
+def test_chunk_timings_read_the_gateways_own_progress_lines(tmp_path: Path) -> None:
+    def timings(features: float, first: float, decode: float) -> EngineTimings:
+        return EngineTimings(submitted=0.0, rendered=features, first_token=first, finished=first + decode,
+                             engine_queue_s=0.0, engine_prefill_s=0.05, engine_decode_s=decode)
+
+    lines = [
+        _progress_line("2026-11-30 23:15:27,100", "trsc-ab12", 0, timings(0.5, 0.6, 9.0)),  # an earlier line of chunk 0
+        _progress_line("2026-11-30 23:15:27,764", "trsc-ab12", 0, timings(0.17, 0.24, 5.73)),
+        "INFO:     127.0.0.1:54384 - \"GET /metrics HTTP/1.1\" 200 OK",
+        _progress_line("2026-11-30 23:15:28,319", "trsc-ab12", 1, timings(0.44, 0.52, 5.50)),
+        _progress_line("2026-11-30 23:15:29,000", "trsc-single", 0, timings(0.1, 0.2, 1.0)),  # one pass: not chunked
+    ]
+    rows = dp.chunk_timings("\n".join(lines))
+    assert rows == [{"request": "trsc-ab12", "chunks": 2, "end_spread_s": 0.555, "features_s": [0.17, 0.44],
+                     "first_token_s": [0.24, 0.52], "decode_s": [5.5, 5.73]}]
+    older = ["2026-11-30 20:14:44,470 INFO service.transcription.engine_pass: trsc-0b4f-c0: 2433/2433 tokens",
+             "2026-11-30 20:14:44,857 INFO service.transcription.engine_pass: trsc-0b4f-c2: 2433/2433 tokens"]
+    assert dp.chunk_timings("\n".join(older)) == [{"request": "trsc-0b4f", "chunks": 2, "end_spread_s": 0.387}]
+    packed = tmp_path / "gateway.log.xz"
+    with lzma.open(packed, "wt") as out:
+        out.write("\n".join(lines))
+    assert dp.chunk_timings(dp.read_log(packed)) == rows
