@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,15 @@ def every_frontend_ready(url: str, api_processes: int) -> bool:
 
 #: The environment variable that tells the group's last API process to be the direct client, on this port.
 DIRECT_PORT_ENV = "MOSS_BENCH_DIRECT_PORT"
+
+
+def http_processes(api_processes: int, environ: Mapping[str, str]) -> int:
+    """How many of the group's API processes accept the gateway's connections: all but the direct client, if any.
+
+    Each accepting process gets its own listening socket; one made for the direct client would hold the
+    connections the kernel hashed to it unanswered.
+    """
+    return api_processes - (1 if environ.get(DIRECT_PORT_ENV) else 0)
 
 
 def bench_target(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
@@ -254,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = GatewaySettings.model_validate(json.loads(args.settings.read_text()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve_frontends(settings, on_ready=open_gate_for_benchmark, target=bench_target)
+    serving = http_processes(settings.server.api_processes, os.environ)
+    return serve_frontends(settings, on_ready=open_gate_for_benchmark, target=bench_target, http_processes=serving)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ and 64 concurrent streams that loop, not the GPU, limited the gateway
 with vLLM's own mechanism for it (`vllm serve --api-server-count`): this parent
 process launches the engine core(s) with `launch_core_engines`, and vLLM's
 `APIServerProcessManager` spawns N processes that each run `run_frontend`: a
-complete gateway app whose engine is an `AsyncLLM` client of that core, all
-accepting on one listening socket. No RPC of our own.
+complete gateway app whose engine is an `AsyncLLM` client of that core, each
+accepting on its own listening socket, all bound to the one port with
+SO_REUSEPORT (`listening_sockets`). No RPC of our own.
 
 What stays one thing for the service, and how:
 - admission: the slots and the queue are counters in shared memory
@@ -26,12 +27,20 @@ What stays one thing for the service, and how:
   engine core; exit 0;
 - restart: when any process of the group exits unexpectedly (the engine core,
   or a front end, which exits on purpose when its engine client dies), the
-  whole group is stopped and launched again on the same listening socket after
+  whole group is stopped and launched again on the same listening sockets after
   the lifecycle's backoff; the gate opens again from the records for the new
   identity. After `lifecycle.restart_max_attempts` consecutive failures, or at
   the first with `lifecycle.restart_engine` off, the parent exits 1 so that an
   orchestrator replaces the replica. While the group restarts, connections wait
-  in the listening socket's backlog.
+  in the listening sockets' backlogs (this parent holds the sockets throughout);
+- connections: the kernel spreads them over the front ends' sockets by a hash of
+  each connection's addresses. One socket shared by every process did not: a
+  process woken for a new connection accepts every connection waiting (asyncio
+  accepts up to the backlog at each wake-up), so a burst of connections went
+  mostly to one process (64 at once over 4 front ends: 64/0/0/0 in one try of
+  five on the 2-core dev machine, and on the H200 the busiest of 4 front ends
+  spent 3.3 times the CPU of the idlest), and that process's event loop was
+  the queue.
 """
 
 from __future__ import annotations
@@ -89,7 +98,13 @@ class FrontendArgs:
 
     settings: GatewaySettings
     slots: SharedSlots
+    #: The listening sockets (`listening_sockets`): front end i accepts on sockets[i], or all on the one.
+    sockets: tuple[socket.socket, ...]
     on_ready: ReadyHook = open_gate_from_records
+
+    def socket_for(self, index: int) -> socket.socket:
+        """The listening socket of front end `index`."""
+        return self.sockets[index % len(self.sockets)]
 
 
 def frontend_client(client_config: dict[str, Any]) -> FrontendClient:
@@ -102,7 +117,10 @@ def frontend_client(client_config: dict[str, Any]) -> FrontendClient:
 
 
 def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, client_config: dict[str, Any]) -> None:
-    """One front-end process: a whole gateway app on the shared socket, its engine a client of the shared core."""
+    """One front-end process: a whole gateway app on its listening socket, its engine a client of the shared core.
+
+    `sock` is the one socket vLLM's process manager hands every process; the front end's own is in `args`.
+    """
     settings = args.settings
     configure_logging(settings.server.log_level)
     position = FrontendPosition(index=int(client_config["client_index"]), count=int(client_config["client_count"]))
@@ -121,7 +139,7 @@ def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, c
     )
     logger.info("front end %d of %d serving on %s (pid %d)", position.index, position.count, listen_address, os.getpid())
     try:
-        code = run_server(app, own, sockets=[sock])
+        code = run_server(app, own, sockets=[args.socket_for(position.index)])
     finally:
         multiprocess.mark_process_dead(os.getpid())
     raise SystemExit(code)
@@ -142,13 +160,13 @@ class FrontendSupervisor:
     """The parent: launches the engine core and the front ends, waits, restarts the group, stops it in order."""
 
     def __init__(
-        self, settings: GatewaySettings, sock: socket.socket, on_ready: ReadyHook, target: FrontendTarget
+        self, settings: GatewaySettings, sockets: tuple[socket.socket, ...], on_ready: ReadyHook, target: FrontendTarget
     ) -> None:
         self.settings = settings
-        self.sock = sock
+        self.sockets = sockets
         self.on_ready = on_ready
         self.target = target
-        host, port = sock.getsockname()[:2]
+        host, port = sockets[0].getsockname()[:2]
         self.listen_address = f"http://{host}:{port}"
         self.stopping = False
         self._wake_read, self._wake_write = os.pipe()
@@ -214,8 +232,8 @@ class FrontendSupervisor:
             count=count,
             target=self.target,
             listen_address=self.listen_address,
-            sock=self.sock,
-            args=FrontendArgs(settings=settings, slots=slots, on_ready=self.on_ready),
+            sock=self.sockets[0],
+            args=FrontendArgs(settings=settings, slots=slots, sockets=self.sockets, on_ready=self.on_ready),
         )
 
     def _wait(self, group: LaunchedEngine) -> str | None:
@@ -245,22 +263,42 @@ class FrontendSupervisor:
         return self.stopping
 
 
-def listening_socket(settings: GatewaySettings) -> socket.socket:
-    """The one socket every front end accepts on (inherited by each at spawn)."""
+def listening_sockets(settings: GatewaySettings, count: int) -> tuple[socket.socket, ...]:
+    """`count` listening sockets on `server.host:server.port`, bound with SO_REUSEPORT, one per front end.
+
+    The kernel then hands each new connection to one socket by a hash of its addresses, so the front
+    ends get even shares. Where SO_REUSEPORT does not exist, one socket, which every front end shares.
+    The sockets are made here, in the parent, and held by it for its whole life: a connection that
+    arrives while the group restarts waits in a backlog instead of being refused.
+    """
     server = settings.server
     family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
-    return socket.create_server((server.host, server.port), family=family, backlog=server.backlog)
+    reuse_port = count > 1 and hasattr(socket, "SO_REUSEPORT")
+    first = socket.create_server((server.host, server.port), family=family, backlog=server.backlog, reuse_port=reuse_port)
+    if not reuse_port:
+        return (first,)
+    port = first.getsockname()[1]  # the port chosen, when the settings ask for any (0)
+    rest = [
+        socket.create_server((server.host, port), family=family, backlog=server.backlog, reuse_port=True)
+        for _ in range(count - 1)
+    ]
+    return (first, *rest)
 
 
 def serve_frontends(
-    settings: GatewaySettings, *, on_ready: ReadyHook = open_gate_from_records, target: FrontendTarget = run_frontend
+    settings: GatewaySettings,
+    *,
+    on_ready: ReadyHook = open_gate_from_records,
+    target: FrontendTarget = run_frontend,
+    http_processes: int | None = None,
 ) -> int:
     """`moss-gateway serve` with `server.api_processes` > 1.
 
     `target` is what each of the API processes runs (vLLM's `target_server_fn`): the service's
     `run_frontend`; the benchmark passes one that makes the last process a direct engine client
     of the same core (bench/gateway_mp.py), so that the gateway and the bare engine are compared
-    on one engine.
+    on one engine. `http_processes`: how many of the API processes accept connections (the first
+    ones; default all), so that no listening socket is left without a process accepting on it.
     """
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         from vllm.v1.metrics.prometheus import setup_multiprocess_prometheus  # vLLM's own directory and clean-up
@@ -268,8 +306,9 @@ def serve_frontends(
         setup_multiprocess_prometheus()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     record_store_for(settings)  # the sealing key is made (or checked) once, here, before any front end reads it
-    sock = listening_socket(settings)
+    sockets = listening_sockets(settings, settings.server.api_processes if http_processes is None else http_processes)
     try:
-        return FrontendSupervisor(settings, sock, on_ready, target).run()
+        return FrontendSupervisor(settings, sockets, on_ready, target).run()
     finally:
-        sock.close()
+        for sock in sockets:
+            sock.close()

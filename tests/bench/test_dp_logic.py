@@ -212,7 +212,7 @@ def test_process_roles_come_from_the_titles_the_gateway_and_vllm_set() -> None:
 
 def test_the_table_shows_each_blocks_occupancy_and_busiest_front_end() -> None:
     data = rows({1: [4.0, 5.0]}, [])
-    for row, share in zip(data, (0.9, 0.7)):
+    for row, share in zip(data, (0.9, 0.7), strict=True):
         row["running_per_rank"] = {"0": {"max": 64.0, "mean_busy": 40.0 * share, "samples": 9}}
         row["cpu"] = {"busiest_frontend_share": share}
     line = dp.render(dp.summarize(data)).splitlines()[2]

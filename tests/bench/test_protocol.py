@@ -311,3 +311,11 @@ def test_direct_mp_is_gateway_mps_same_engine_reference() -> None:
     columns = [c.strip() for c in header.strip("|").split("|")]
     values = [c.strip() for c in line.strip("|").split("|")]
     assert values[columns.index("gateway-mp own time (latency - direct-mp's) / direct-mp latency")] == "+6.0 ms = +2.00 %"
+
+
+def test_the_direct_client_gets_no_listening_socket() -> None:
+    """Each accepting process has its own SO_REUSEPORT socket; one made for the direct client would strand connections."""
+    from bench.gateway_mp import DIRECT_PORT_ENV, http_processes
+
+    assert http_processes(5, {DIRECT_PORT_ENV: "18123"}) == 4
+    assert http_processes(4, {}) == 4

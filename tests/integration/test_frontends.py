@@ -160,6 +160,23 @@ def ready_in_every_frontend(gateway: GatewayProcess) -> dict[int, tuple[int, dic
     return answers
 
 
+def test_a_burst_of_connections_is_spread_over_both_front_ends(frontends: GatewayProcess) -> None:
+    """Regression: on one shared socket, the process that woke first accepted every waiting connection
+    (asyncio accepts up to the backlog at each wake-up): 64 connections at once over 4 front ends went
+    64/0/0/0 in one try of five. Each front end now has its own SO_REUSEPORT socket on the port."""
+    for _ in range(3):
+        # All 64 connected (waiting in the kernel's queues) before the first request is sent on any.
+        connections = [RawConnection(frontends.port) for _ in range(64)]
+        counts = [0, 0]
+        try:
+            for connection in connections:
+                counts[connection.frontend_index()] += 1
+        finally:
+            for connection in connections:
+                connection.close()
+        assert min(counts) >= 16, counts  # 32 expected each; under 16 is 4 standard deviations off
+
+
 def test_a_qualification_through_one_front_end_opens_every_gate(frontends: GatewayProcess) -> None:
     before = ready_in_every_frontend(frontends)
     assert all(status == 503 and body["qualified"] is False for status, body in before.values()), before
