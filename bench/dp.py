@@ -16,9 +16,13 @@ block runs at a time, so neither engine computes while the other is measured.
 
 Blocks, interleaved: in repetition r, the (cell, dp) blocks run in an order rotated
 by r (`schedule`). Cells: ``short-12s-c128`` (128 concurrent streams of 12 s noise
-clips, 153 tokens forced with ignore_eos, the throughput protocol's shape, one
-request per stream) and ``program-chunked`` (the 2861.5 s program through the
-chunked track, ignore_eos, the program's 36,492 tokens split evenly over the chunks).
+clips, 153 tokens forced with ignore_eos, the throughput protocol's shape), on both;
+``short-12s-c256`` on dp=2 (every GPU at dp=1's 128-stream load); ``short-12s-c64``
+on dp=1 (each rank's load in dp=2 at 128: dp=2 at 128 over it is data parallelism's
+own scaling, dp=1 at 128 over it one GPU's gain from the batch); and
+``program-chunked`` (the 2861.5 s program through the chunked track, ignore_eos,
+the program's 36,492 tokens split evenly over the chunks). The dp=2 gateway gets
+``--api-processes-per-rank`` front ends per rank, as `vllm serve` scales its API servers.
 Each block is one row: cell, path (always ``gateway``), repeat, wall_s, requests, dp,
 and the tokens the gateway reports it generated (``X-Moss-Generated-Tokens``) against
 the tokens forced, so a program block that did not decode the program's whole
@@ -26,8 +30,10 @@ the tokens forced, so a program block that did not decode the program's whole
 chunks with other settings than the gateway's and asked for 5 x 1,014 tokens).
 The load runs from ``--client-processes`` client processes (bench.client's shards)
 with ``--requests-per-worker`` requests back to back per stream, and every block
-samples each rank's running requests from the gateway's /metrics
-(``vllm:num_requests_running{engine=...}``), to tell a starved rank from a full one.
+samples each rank's running and waiting requests from the gateway's /metrics
+(``vllm:num_requests_running{engine=...}``), to tell a starved rank from a full one,
+and counts the CPU of every process of the gateway's group by role (front ends,
+engine cores, workers), to tell a busy front end from a busy engine.
 The summary gives per cell and dp the median wall time and throughput, and per
 repetition the dp=2 / dp=1 throughput ratio of the short cell (target >= 1.9) and
 the program's wall time on dp=2 (target <= 8 s).
