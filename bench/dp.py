@@ -366,7 +366,8 @@ def summarize_ranks(samples: Sequence[dict[str, float]]) -> dict[str, dict[str, 
 
 def process_role(title: str) -> str:
     """The role of one process of a gateway's group, from its title (setproctitle'd command line)."""
-    for marker, role in (("frontend-", "frontend-"), ("EngineCore", "engine-core"), ("DPCoordinator", "dp-coordinator")):
+    markers = (("frontend-", "frontend-"), ("EngineCore", "engine-core"), ("DPCoordinator", "dp-coordinator"), ("Worker", "worker"))
+    for marker, role in markers:
         if marker in title:
             rest = title.split(marker, 1)[1].split()
             suffix = rest[0].lstrip("_") if rest else ""

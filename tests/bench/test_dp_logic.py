@@ -204,7 +204,7 @@ def test_waiting_requests_are_averaged_over_the_busy_samples() -> None:
 def test_process_roles_come_from_the_titles_the_gateway_and_vllm_set() -> None:
     titles = {
         "moss-gateway::frontend-3": "frontend-3", "VLLM::EngineCore_DP1": "engine-core-DP1",
-        "VLLM::EngineCore": "engine-core", "VLLM::DPCoordinator": "dp-coordinator",
+        "VLLM::EngineCore": "engine-core", "VLLM::DPCoordinator": "dp-coordinator", "VLLM::Worker_DP1": "worker-DP1",
         "/usr/bin/python3 -m bench.dp serve --allow-unqualified": "parent", "python3 -c pass": "other",
     }
     assert {title: dp.process_role(title) for title in titles} == titles
