@@ -37,10 +37,11 @@ What stays one thing for the service, and how:
   each connection's addresses. One socket shared by every process did not: a
   process woken for a new connection accepts every connection waiting (asyncio
   accepts up to the backlog at each wake-up), so a burst of connections went
-  mostly to one process (64 at once over 4 front ends: 64/0/0/0 in one try of
-  five on the 2-core dev machine, and on the H200 the busiest of 4 front ends
-  spent 3.3 times the CPU of the idlest), and that process's event loop was
-  the queue.
+  mostly to one process, whose event loop was then the queue: 64 at once over
+  4 front ends, the busiest took 27-53 and the idlest 0-9 in 8 bursts, with a
+  socket each 17-20 and 10-15 (tools/frontend_spread.py, 2-core dev machine,
+  bench/results/cpu-smoke-2026-11-30/frontend_spread-*.jsonl); on the H200 the
+  busiest of 4 front ends spent 3.3 times the CPU of the idlest.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def which_socket_accepted(sockets: tuple[socket.socket, ...], connections: int) 
 
 
 def test_one_socket_per_front_end_on_one_port_and_the_kernel_spreads_connections_over_them() -> None:
-    """Regression: one shared socket let one of 4 front ends take a whole burst of 64 connections."""
+    """Regression: with one shared socket the busiest of 4 front ends took up to 53 of a burst of 64
+    (tools/frontend_spread.py); the kernel spreads connections over SO_REUSEPORT sockets by a hash."""
     sockets = listening_sockets(settings_on_any_port(), 4)
     try:
         assert len(sockets) == 4 and len({s.getsockname()[1] for s in sockets}) == 1
