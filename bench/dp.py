@@ -343,25 +343,26 @@ class RankSampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        ranks = summarize_ranks(self.samples)
-        busy = [i for i, s in enumerate(self.samples) if sum(s.values()) > 0]
-        for rank, entry in ranks.items():
-            entry["waiting_mean_busy"] = round(sum(self.waiting[i].get(rank, 0.0) for i in busy) / len(busy), 2) if busy else 0.0
-        return ranks
+        return summarize_ranks(self.samples, self.waiting)
 
 
-def summarize_ranks(samples: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per rank: the most running requests seen, the mean over the samples where any rank ran one, and the count."""
-    busy = [s for s in samples if sum(s.values()) > 0]
-    ranks = sorted({rank for s in samples for rank in s})
-    return {
-        rank: {
-            "max": max((s.get(rank, 0.0) for s in samples), default=0.0),
-            "mean_busy": round(sum(s.get(rank, 0.0) for s in busy) / len(busy), 2) if busy else 0.0,
-            "samples": len(busy),
-        }
-        for rank in ranks
-    }
+def summarize_ranks(
+    samples: Sequence[dict[str, float]], waiting: Sequence[dict[str, float]] | None = None
+) -> dict[str, dict[str, float]]:
+    """Per rank: the most running requests seen, the mean over the samples where any rank ran one, and the count;
+    with `waiting` (sampled alongside), also the mean of waiting requests over those same samples."""
+    busy = [i for i, s in enumerate(samples) if sum(s.values()) > 0]
+
+    def mean_busy(series: Sequence[dict[str, float]], rank: str) -> float:
+        return round(sum(series[i].get(rank, 0.0) for i in busy) / len(busy), 2) if busy else 0.0
+
+    out: dict[str, dict[str, float]] = {}
+    for rank in sorted({rank for s in samples for rank in s}):
+        out[rank] = {"max": max((s.get(rank, 0.0) for s in samples), default=0.0), "mean_busy": mean_busy(samples, rank),
+                     "samples": len(busy)}
+        if waiting is not None:
+            out[rank]["waiting_mean_busy"] = mean_busy(waiting, rank)
+    return out
 
 
 def process_role(title: str) -> str:
@@ -377,9 +378,9 @@ def process_role(title: str) -> str:
     return "other"
 
 
-def group_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) so far of a gateway's process and all its descendants, summed per role."""
-    out: dict[str, float] = {}
+def group_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Per process of a gateway's group (its process and all descendants): role and CPU seconds (user + system) so far."""
+    out: dict[int, tuple[str, float]] = {}
     try:
         root = psutil.Process(pid)
         members = [root, *root.children(recursive=True)]
@@ -388,18 +389,25 @@ def group_cpu_s(pid: int) -> dict[str, float]:
     for process in members:
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
-            role = process_role(" ".join(process.cmdline()) or process.name())
-            out[role] = out.get(role, 0.0) + times.user + times.system
+            out[process.pid] = (process_role(" ".join(process.cmdline()) or process.name()), times.user + times.system)
     return out
 
 
-def cpu_of_block(before: dict[str, float], after: dict[str, float], wall_s: float, requests: int) -> dict[str, Any]:
+def cpu_of_block(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float, requests: int
+) -> dict[str, Any]:
     """A block's CPU per role: seconds, share of one core over the block, and the busiest front end's share.
 
+    Summed per process alive at the block's end, less what it had spent at the start (a process started
+    during the block counts whole); one that ended during the block is left out, since summing per role
+    would subtract its whole life (run e's rows show `other: -1.656`).
     A front end near 1.0 of a core is the limit of the block (one event loop per process); CPU
     milliseconds per request across the front ends say what each request costs them.
     """
-    spent = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 3) for role in after}
+    totals: dict[str, float] = {}
+    for pid, (role, cpu) in after.items():
+        totals[role] = totals.get(role, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+    spent = {role: round(cpu, 3) for role, cpu in totals.items()}
     frontends = {role: cpu for role, cpu in spent.items() if role.startswith("frontend-")}
     share = (lambda cpu: round(cpu / wall_s, 3)) if wall_s > 0 else (lambda cpu: 0.0)
     return {
@@ -483,6 +491,11 @@ def serve(allow_unqualified: bool) -> int:
 # -- the run --------------------------------------------------------------------------------------
 
 
+def api_processes(args: argparse.Namespace, dp: int) -> int:
+    """The front-end processes of the gateway with `dp` ranks: `--api-processes-per-rank` for each."""
+    return args.api_processes_per_rank * dp
+
+
 def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> dict[str, str]:
     """The environment of one gateway: same settings for both, only dp, the devices and the front ends differ.
 
@@ -500,7 +513,7 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
         "MOSS_GATEWAY_SERVER__PORT": str(port),
         "MOSS_GATEWAY_SERVER__ADMIN_TOKEN": token,
         "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(dp),
-        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(args.api_processes_per_rank * dp),
+        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(api_processes(args, dp)),
         "MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN": str(args.max_model_len),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
@@ -570,7 +583,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             while True:
                 assert procs[dp].poll() is None, f"gateway dp={dp} exited; see {work}/gateway-dp{dp}.log"
                 assert time.monotonic() - started < args.start_timeout_s, f"gateway dp={dp} not ready"
-                if every_frontend_ready(f"http://127.0.0.1:{port}", args.api_processes_per_rank * dp):
+                if every_frontend_ready(f"http://127.0.0.1:{port}", api_processes(args, dp)):
                     break
                 await asyncio.sleep(1)
             result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
@@ -607,7 +620,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 forced_tokens=chunks * per_chunk if program else len(spec["files"]) * SHORT_TOKENS,
             )
             row.update(running_per_rank=ranks, client_processes=answer.get("processes", 1),
-                       shard_walls_s=answer.get("shard_walls_s"), api_processes=args.api_processes_per_rank * dp,
+                       shard_walls_s=answer.get("shard_walls_s"), api_processes=api_processes(args, dp),
                        cpu=cpu_of_block(cpu_before, cpu_after, row["wall_s"], row["requests"]))
             result["rows"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=1))

@@ -135,7 +135,7 @@ class VllmTranscriptionEngine:
             quantization=s.quantization,
             data_parallel_size=s.data_parallel_size,
             renderer_num_workers=s.renderer_num_workers,
-            # Every pass renders with skip_mm_cache (see _render) and every upload is new audio: the
+            # Every pass renders with skip_mm_cache (see render_prompt) and every upload is new audio: the
             # processor cache would only hold memory, and vLLM 0.26 refuses several renderer workers with it.
             mm_processor_cache_gb=0,
             seed=s.seed,

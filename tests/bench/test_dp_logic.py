@@ -220,12 +220,19 @@ def test_the_table_shows_each_blocks_occupancy_and_busiest_front_end() -> None:
 
 
 def test_a_blocks_cpu_names_the_busiest_front_end_and_the_cost_per_request() -> None:
-    before = {"frontend-0": 1.0, "frontend-1": 2.0, "engine-core": 5.0}
-    after = {"frontend-0": 10.0, "frontend-1": 6.0, "engine-core": 12.0, "parent": 0.5}
+    before = {10: ("frontend-0", 1.0), 11: ("frontend-1", 2.0), 12: ("engine-core", 5.0)}
+    after = {10: ("frontend-0", 10.0), 11: ("frontend-1", 6.0), 12: ("engine-core", 12.0), 13: ("parent", 0.5)}
     cpu = dp.cpu_of_block(before, after, wall_s=10.0, requests=130)
     assert cpu["cpu_s"] == {"frontend-0": 9.0, "frontend-1": 4.0, "engine-core": 7.0, "parent": 0.5}
     assert cpu["busiest_frontend_share"] == 0.9 and cpu["core_share"]["engine-core"] == 0.7
     assert cpu["frontend_cpu_ms_per_request"] == 100.0
+
+
+def test_a_process_that_ended_during_the_block_subtracts_nothing() -> None:
+    """Regression: summed per role, a helper process gone by the block's end made run e's `other` -1.656 s."""
+    before = {20: ("other", 1.7), 21: ("other", 0.1), 22: ("engine-core", 3.0)}
+    after = {21: ("other", 0.4), 22: ("engine-core", 5.0)}
+    assert dp.cpu_of_block(before, after, wall_s=2.0, requests=1)["cpu_s"] == {"other": 0.3, "engine-core": 2.0}
 
 
 def test_the_cpu_of_a_real_process_group_is_counted_per_role() -> None:
@@ -234,10 +241,11 @@ def test_the_cpu_of_a_real_process_group_is_counted_per_role() -> None:
                               "moss-gateway::frontend-7"])
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and dp.group_cpu_s(os.getpid()).get("frontend-7", 0.0) < 0.25:
+        while time.monotonic() < deadline and dp.group_cpu_s(os.getpid()).get(child.pid, ("", 0.0))[1] < 0.25:
             time.sleep(0.1)
         spent = dp.group_cpu_s(os.getpid())
-        assert spent["frontend-7"] >= 0.25 and spent["other"] > 0
+        assert spent[child.pid][0] == "frontend-7" and spent[child.pid][1] >= 0.25
+        assert spent[os.getpid()][0] == "other" and spent[os.getpid()][1] > 0
     finally:
         child.kill()
         child.wait()
