@@ -62,6 +62,16 @@ def _form(spec: dict[str, Any]) -> dict[str, str]:
     return form
 
 
+def parse_server_timing(value: str) -> dict[str, float]:
+    """The gateway's `Server-Timing` header (`name;dur=ms, ...`) as {name: ms}; entries without a duration are left out."""
+    phases: dict[str, float] = {}
+    for entry in value.split(","):
+        name, _, duration = entry.strip().partition(";dur=")
+        if name and duration:
+            phases[name] = float(duration)
+    return phases
+
+
 async def _one(client: httpx.AsyncClient, spec: dict[str, Any], index: int, payload: bytes) -> dict[str, Any]:
     url = spec["url"].rstrip("/") + "/v1/audio/transcriptions"
     headers = {"Authorization": f"Bearer {spec['token']}"} if spec.get("token") else {}
@@ -104,6 +114,7 @@ async def _one(client: httpx.AsyncClient, spec: dict[str, Any], index: int, payl
             if not moss:  # plain json: the count is in the evidence headers
                 moss = {"tokens": {"generated": record["header_generated_tokens"]}}
             record["qualification_id"] = response.headers.get("x-moss-qualification-id")
+            record["server_timing_ms"] = parse_server_timing(response.headers.get("server-timing", ""))
         else:
             record["error"] = response.text[:2000]
     record["t_end"] = done

@@ -56,7 +56,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import median
@@ -152,6 +152,11 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             round(sum(rank["mean_busy"] for rank in (row.get("running_per_rank") or {}).values()), 1))
         if row.get("cpu"):
             entry.setdefault("busiest_frontend_share", []).append(row["cpu"]["busiest_frontend_share"])
+        if row.get("phases_ms"):
+            entry.setdefault("phases_ms", []).append(row["phases_ms"])
+        steady = steady_rate(row)
+        if steady is not None:
+            entry.setdefault("steady_audio_s_per_s", []).append(round(row["audio_s"] * steady, 1))
         if complete(row):
             entry["complete_wall_s"].append(row["wall_s"])
             entry["audio_s_per_s"].append(row["audio_s"] * row["requests"] / row["wall_s"])
@@ -173,6 +178,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         per_repeat = _ratios(rows, numerator, denominator)
         out[f"{name}_ratio_per_repeat"] = per_repeat
         out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
+    for name, numerator, denominator in (
+        ("steady_short", (SHORT_CELL, 2), (SHORT_CELL, 1)),
+        ("steady_rank_scaling", (SHORT_CELL, 2), (HALF_CELL, 1)),
+        ("steady_batch_gain", (SHORT_CELL, 1), (HALF_CELL, 1)),
+    ):
+        per_repeat = _ratios(rows, numerator, denominator, rate=steady_rate)
+        out[f"{name}_ratio_per_repeat"] = per_repeat
+        out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
     return {
         **out,
         "program_dp2_median_s": program,
@@ -183,9 +196,62 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ratios(rows: list[dict[str, Any]], numerator: tuple[str, int], denominator: tuple[str, int]) -> list[float]:
-    """Per repetition with both blocks complete: the throughput (requests/s) of the `numerator` (cell, dp) block
-    over the `denominator`'s.
+def steady_window(records: Sequence[dict[str, Any]], per_worker: int, block_start: float) -> dict[str, Any] | None:
+    """Completions per second while all of a closed-loop block's streams were in their loop.
+
+    The window opens when the last stream's first answer came back (every stream has had its ramp-up) and
+    closes when the first stream got its last answer (from then on fewer streams load the gateway). A block's
+    wall time also counts the ramp (all uploads and renders at once) and the drain (the slowest stream alone);
+    this is the rate at the block's nominal concurrency. None when a stream has fewer than 3 answers or the
+    window is empty.
+    """
+    ends: dict[int, list[float]] = {}
+    for record in records:
+        if record.get("status") == 200:
+            ends.setdefault(int(record["index"]) // per_worker, []).append(float(record["t_end"]))
+    if per_worker < 3 or not ends or any(len(stream) < per_worker for stream in ends.values()):
+        return None
+    opens = max(min(stream) for stream in ends.values())
+    closes = min(max(stream) for stream in ends.values())
+    inside = sum(1 for stream in ends.values() for end in stream if opens < end <= closes)
+    if closes <= opens or inside == 0:
+        return None
+    return {"opens_s": round(opens - block_start, 3), "window_s": round(closes - opens, 3), "requests": inside,
+            "requests_per_s": round(inside / (closes - opens), 3)}
+
+
+def phase_medians(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median milliseconds of each `Server-Timing` phase, of the client's latency, and of what the gateway's
+    total leaves of it (`outside`: upload, form parsing, queueing for the front end's loop, the answer's way back)."""
+    answered = [r for r in records if r.get("status") == 200]
+    phases: dict[str, list[float]] = {}
+    for record in answered:
+        timing = record.get("server_timing_ms") or {}
+        for name, ms in timing.items():
+            phases.setdefault(name, []).append(float(ms))
+        phases.setdefault("client", []).append(float(record["latency_s"]) * 1000)
+        if "total" in timing:
+            phases.setdefault("outside", []).append(float(record["latency_s"]) * 1000 - float(timing["total"]))
+    return {name: round(median(values), 1) for name, values in phases.items()}
+
+
+def wall_rate(row: dict[str, Any]) -> float | None:
+    """A block's requests over its wall time."""
+    return row["requests"] / row["wall_s"] if complete(row) else None
+
+
+def steady_rate(row: dict[str, Any]) -> float | None:
+    """A block's rate inside its steady window (`steady_window`), where it has one."""
+    steady = row.get("steady")
+    return float(steady["requests_per_s"]) if complete(row) and steady else None
+
+
+def _ratios(
+    rows: list[dict[str, Any]], numerator: tuple[str, int], denominator: tuple[str, int],
+    rate: Callable[[dict[str, Any]], float | None] = wall_rate,
+) -> list[float]:
+    """Per repetition with both blocks complete: the throughput (requests/s, by `rate`) of the `numerator`
+    (cell, dp) block over the `denominator`'s.
 
     (short, 2) over (short, 1) is the issue's ratio at 128 streams; (scaled, 2) over (short, 1) puts the same
     batch on every GPU; (short, 2) over (half, 1) is data parallelism's own scaling (each rank of dp=2 at 128
@@ -195,8 +261,9 @@ def _ratios(rows: list[dict[str, Any]], numerator: tuple[str, int], denominator:
     rates: dict[int, dict[tuple[str, int], float]] = {}
     for row in rows:
         key = (row["cell"], row["dp"])
-        if complete(row) and key in (numerator, denominator):
-            rates.setdefault(row["repeat"], {})[key] = row["requests"] / row["wall_s"]
+        value = rate(row) if key in (numerator, denominator) else None
+        if value is not None:
+            rates.setdefault(row["repeat"], {})[key] = value
     return [
         round(r[numerator] / r[denominator], 4)
         for _, r in sorted(rates.items())
@@ -220,6 +287,7 @@ def render(summary: dict[str, Any]) -> str:
                 f"{', '.join(f'{r:g}' for r in entry.get('running_mean_busy', [])) or '-'} | "
                 f"{', '.join(f'{b:.2f}' for b in entry.get('busiest_frontend_share', [])) or '-'} |"
             )
+    lines += phase_table(summary)
     ratio, program = summary["short_ratio_median"], summary["program_dp2_median_s"]
     lines.append("")
     lines.append(f"dp=2 / dp=1 at {SHORT_STREAMS} streams: median {_fmt(ratio)}x (target >= {TARGET_RATIO}x), "
@@ -230,11 +298,36 @@ def render(summary: dict[str, Any]) -> str:
         ("rank_scaling", f"dp=2 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS} (each GPU at {HALF_STREAMS} streams: "
                          "data parallelism's own scaling, ideal 2)"),
         ("batch_gain", f"dp=1 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS} (one GPU's gain from twice the streams)"),
+        ("steady_short", f"Steady windows (every stream in its loop): dp=2 / dp=1 at {SHORT_STREAMS} streams"),
+        ("steady_rank_scaling", f"Steady windows: dp=2 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS}"),
+        ("steady_batch_gain", f"Steady windows: dp=1 at {SHORT_STREAMS} streams / dp=1 at {HALF_STREAMS}"),
     ):
         if summary.get(f"{key}_ratio_median") is not None:
             lines.append(f"{text}: median {_fmt(summary[f'{key}_ratio_median'])}x, "
                          f"per repetition {summary[f'{key}_ratio_per_repeat']}.")
     return "\n".join(lines)
+
+
+PHASES = ("prepare", "features", "queue", "prefill", "decode", "total", "outside", "client")
+
+
+def phase_table(summary: dict[str, Any]) -> list[str]:
+    """Where a short request's time went, per cell and dp: the median over repetitions of each block's median
+    milliseconds (the gateway's `Server-Timing`, and the client's latency); with the steady-window rate."""
+    lines = ["", "| cell | dp | steady audio-s/s | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
+    shown = False
+    for cell, per_dp in summary["cells"].items():
+        for dp, entry in sorted(per_dp.items()):
+            blocks_ms = entry.get("phases_ms") or []
+            if not blocks_ms:
+                continue
+            shown = True
+            steady = entry.get("steady_audio_s_per_s") or []
+            values = [[b[p] for b in blocks_ms if p in b] for p in PHASES]
+            lines.append(f"| {cell} | {dp} | {', '.join(f'{v:.0f}' for v in steady) or '-'} | "
+                         + " | ".join(f"{median(v):.0f}" if v else "-" for v in values) + " |")
+    return lines if shown else []
 
 
 def _fmt(value: float | None) -> str:
@@ -619,6 +712,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 generated_tokens=sum(int(r.get("header_generated_tokens") or 0) for r in records),
                 forced_tokens=chunks * per_chunk if program else len(spec["files"]) * SHORT_TOKENS,
             )
+            if not program:
+                row.update(steady=steady_window(records, args.requests_per_worker, float(answer.get("t_start", 0.0))),
+                           phases_ms=phase_medians(records))
             row.update(running_per_rank=ranks, client_processes=answer.get("processes", 1),
                        shard_walls_s=answer.get("shard_walls_s"), api_processes=api_processes(args, dp),
                        cpu=cpu_of_block(cpu_before, cpu_after, row["wall_s"], row["requests"]))

@@ -48,6 +48,9 @@ a)
   keep_parts
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/early/*.whl
   nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
+  # the host's CPU layout (sockets, SMT, NUMA) and the GPUs' place in it: the front ends, engine cores and
+  # workers of both gateways share these cores
+  { lscpu || true; nvidia-smi topo -m || true; } 2>&1 | tee "$OUT/host-topology.txt"
   build_checkpoint
   echo "call a done in $((SECONDS - T0)) s"
   ;;

@@ -40,3 +40,10 @@ def test_merged_records_get_their_unsharded_indices_and_the_wall_spans_all_shard
     assert [r["index"] for r in merged["records"]] == list(range(10))
     assert all(r["file"] == f"f{r['index']}" for r in merged["records"])  # index i is still file i
     assert merged["wall_s"] == 4.0 and merged["processes"] == 2 and merged["shard_walls_s"] == [1.0, 2.0]
+
+
+def test_the_gateways_server_timing_header_is_read_per_phase() -> None:
+    assert client.parse_server_timing("prepare;dur=1.5, features;dur=20.0,total;dur=412.3") == {
+        "prepare": 1.5, "features": 20.0, "total": 412.3}
+    assert client.parse_server_timing("") == {}
+    assert client.parse_server_timing("cache, total;dur=3") == {"total": 3.0}  # a metric without a duration is skipped

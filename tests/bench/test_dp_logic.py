@@ -287,3 +287,41 @@ def test_chunk_timings_read_the_gateways_own_progress_lines(tmp_path: Path) -> N
     with lzma.open(packed, "wt") as out:
         out.write("\n".join(lines))
     assert dp.chunk_timings(dp.read_log(packed)) == rows
+
+
+def closed_loop_records(ends: list[list[float]], per_worker: int) -> list[dict]:
+    """Records of a closed-loop block: stream w's k-th answer came back at ends[w][k]."""
+    return [{"index": w * per_worker + k, "status": 200, "t_end": end, "latency_s": 0.5,
+             "server_timing_ms": {"features": 10.0 * (w + 1), "total": 400.0}}
+            for w, stream in enumerate(ends) for k, end in enumerate(stream)]
+
+
+def test_the_steady_window_is_where_every_stream_is_in_its_loop() -> None:
+    """It opens at the last stream's first answer and closes at the first stream's last; ramp and drain are outside."""
+    ends = [[1.0, 2.0, 3.0, 4.0], [1.5, 2.5, 3.5, 9.0]]  # stream 1's slow last request is the drain
+    window = dp.steady_window(closed_loop_records(ends, 4), 4, block_start=0.5)
+    # opens at 1.5, closes at 4.0: answers at 2.0, 3.0, 4.0, 2.5, 3.5 are inside
+    assert window == {"opens_s": 1.0, "window_s": 2.5, "requests": 5, "requests_per_s": 2.0}
+    failed = closed_loop_records(ends, 4)
+    failed[0]["status"] = 500  # a stream with a failed answer has no full loop: no window
+    assert dp.steady_window(failed, 4, block_start=0.5) is None
+    assert dp.steady_window(closed_loop_records([[1.0, 2.0]], 2), 2, block_start=0.0) is None  # too few per stream
+
+
+def test_steady_ratios_use_the_window_and_the_phase_table_shows_each_block() -> None:
+    data = rows({1: [4.0], 2: [3.0]}, [])
+    data[0].update(steady={"requests_per_s": 40.0}, phases_ms={"features": 20.0, "total": 800.0, "outside": 90.0})
+    data[1].update(steady={"requests_per_s": 76.0}, phases_ms={"features": 10.0, "total": 500.0, "outside": 60.0})
+    summary = dp.summarize(data)
+    assert summary["short_ratio_per_repeat"] == [round(4.0 / 3.0, 4)]  # the wall-time ratio is unchanged
+    assert summary["steady_short_ratio_per_repeat"] == [1.9]
+    assert summary["cells"][dp.SHORT_CELL]["2"]["steady_audio_s_per_s"] == [912.0]
+    table = dp.render(summary)
+    assert "Steady windows (every stream in its loop): dp=2 / dp=1 at 128 streams: median 1.90x" in table
+    assert f"| {dp.SHORT_CELL} | 2 | 912 | - | 10 | - | - | - | 500 | 60 | - |" in table
+
+
+def test_phase_medians_split_the_clients_latency() -> None:
+    records = closed_loop_records([[1.0, 2.0], [1.5, 2.5]], 2)
+    records.append({"index": 9, "status": 500, "latency_s": 99.0})  # failures are not timed
+    assert dp.phase_medians(records) == {"features": 15.0, "total": 400.0, "client": 500.0, "outside": 100.0}

@@ -92,6 +92,11 @@ def test_taught_clip_comes_back_as_real_segments(qualified_gateway: GatewayProce
     assert evidence["timings"]["time_to_first_token_s"] > 0
     assert evidence["timings"]["engine_prefill_s"] is not None and evidence["timings"]["engine_prefill_s"] >= 0
     assert response.headers["x-moss-stop"] == "eos"
+    # The real engine reports every phase; together they fit in the total.
+    phases = dict(entry.strip().split(";dur=") for entry in response.headers["server-timing"].split(","))
+    assert set(phases) == {"prepare", "features", "queue", "prefill", "decode", "total"}
+    parts = sum(float(phases[name]) for name in ("prepare", "features", "queue", "prefill", "decode"))
+    assert 0 < parts <= float(phases["total"]) + 1.0
 
 
 @pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "diarized_json"])

@@ -400,3 +400,27 @@ def test_metrics_count_requests_and_stops(fake_client: AppFactory) -> None:
     assert requests[("/v1/audio/transcriptions", "400", "invalid_response_format")] == 1
     stops = {s.labels["stop"]: s.value for s in families["moss_gateway_stops"].samples if s.name.endswith("_total")}
     assert stops["eos"] == 1
+
+
+def _server_timing(value: str) -> dict[str, float]:
+    """`name;dur=ms, ...` into {name: ms}; every entry must have a duration."""
+    phases = {}
+    for entry in value.split(","):
+        name, _, duration = entry.strip().partition(";dur=")
+        phases[name] = float(duration)
+    return phases
+
+
+def test_server_timing_splits_the_request(fake_client: AppFactory) -> None:
+    """The W3C header a load test (bench.client) and a browser read: the phases fit inside the total."""
+    client, _ = fake_client()
+    response = post(client, make_wav(4.0), response_format="json")
+    assert response.status_code == 200
+    phases = _server_timing(response.headers["server-timing"])
+    assert {"prepare", "total"} <= set(phases)
+    assert all(ms >= 0 for ms in phases.values())
+    inside = phases["prepare"] + phases.get("features", 0.0)
+    assert inside <= phases["total"] + 0.05
+    verbose = post(client, make_wav(4.0), response_format="verbose_json")
+    reported = verbose.json()["moss"]["timings"]["total_s"] * 1000
+    assert _server_timing(verbose.headers["server-timing"])["total"] == pytest.approx(reported, abs=1.0)

@@ -221,8 +221,30 @@ def evidence_headers(outcome: Outcome, backend: BackendTag) -> dict[str, str]:
         "X-Moss-Uncovered-Tail-S": f"{outcome.coverage.uncovered_tail_s:.3f}",
         "X-Moss-Uncovered-Speech-S": f"{outcome.coverage.uncovered_speech_s:.3f}",
         "X-Moss-Timestamp-Anomalies": str(len(outcome.timestamp_anomalies)),
+        "Server-Timing": server_timing(outcome),
         **extra,
     }
+
+
+def server_timing(outcome: Outcome) -> str:
+    """Where the request's time went, as a W3C `Server-Timing` value (milliseconds; browsers show it).
+
+    `prepare`: decoding, the speech detector and the plan, until the engine pass was submitted (the
+    chunked and recovery tracks submit from the job's start, so theirs is 0); `features`: the renderer's
+    queue and feature extraction; `queue`, `prefill`, `decode`: the engine core's own clock, where it
+    reports them; `total`: the job's start to its outcome. A load test reads it to split a request's
+    latency between the gateway and the engine (bench.client keeps it per request).
+    """
+    timings, started = outcome.timings, outcome.job.started
+    phases = (
+        ("prepare", max(0.0, timings.submitted - started)),
+        ("features", timings.render_s),
+        ("queue", timings.engine_queue_s),
+        ("prefill", timings.engine_prefill_s),
+        ("decode", timings.engine_decode_s),
+        ("total", outcome.finished - started),
+    )
+    return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in phases if seconds is not None)
 
 
 def stream_headers(request_id: str, track: str, backend: BackendTag) -> dict[str, str]:
