@@ -615,6 +615,8 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
     })
     if args.renderer_num_workers is not None:
         env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] = str(args.renderer_num_workers)
+    if args.frontend_torch_threads is not None:
+        env["MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS"] = str(args.frontend_torch_threads)
     if args.distributed_executor_backend is not None:
         env["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"] = args.distributed_executor_backend
     return env
@@ -757,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="dp values of the 128-stream cell (the 256-stream cell runs when 2 is among them); empty: none")
     r.add_argument("--renderer-num-workers", type=int, default=None,
                    help="both gateways' engine.renderer_num_workers (unset: the gateway's default)")
+    r.add_argument("--frontend-torch-threads", type=int, default=None,
+                   help="both gateways' server.frontend_torch_threads (unset: the gateway's default)")
     r.add_argument("--distributed-executor-backend", choices=("mp", "uni"), default=None,
                    help="both gateways' engine.distributed_executor_backend (unset: vLLM's choice, 'mp' for dp > 1)")
     r.add_argument("--state-dir", default="/tmp/bench-dp-state")

@@ -59,6 +59,7 @@ from multiprocessing.connection import wait as wait_for_any
 from types import FrameType
 from typing import Any
 
+import torch
 from prometheus_client import multiprocess
 from setproctitle import setproctitle
 
@@ -124,7 +125,9 @@ def run_frontend(listen_address: str, sock: socket.socket, args: FrontendArgs, c
     """
     settings = args.settings
     configure_logging(settings.server.log_level)
-    position = FrontendPosition(index=int(client_config["client_index"]), count=int(client_config["client_count"]))
+    torch.set_num_threads(settings.server.frontend_torch_threads)  # the renderer's threads are the parallelism
+    position = FrontendPosition(index=int(client_config["client_index"]), count=int(client_config["client_count"]),
+                                torch_threads=torch.get_num_threads())
     setproctitle(f"moss-gateway::frontend-{position.index}")  # what ps and the operator see
     client = frontend_client(client_config)
     # The parent restarts the whole group; a front end never restarts its engine client by itself.

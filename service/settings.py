@@ -97,6 +97,17 @@ class ServerSettings(BaseModel):
             "(service/frontends.py). 1: the engine runs in the gateway's process."
         ),
     )
+    frontend_torch_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description=(
+            "torch's intra-op threads in each front-end process (with api_processes > 1). A front end's torch work "
+            "is feature extraction, which the renderer already runs in engine.renderer_num_workers threads, one "
+            "request each; every one of those threads would otherwise get its own team of one thread per CPU, "
+            "in every front end."
+        ),
+    )
 
     @field_validator("admin_token")
     @classmethod

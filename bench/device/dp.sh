@@ -29,7 +29,8 @@
 # x 114,688 B = 6.6 GB for the short cell; the program's chunks, spread over the ranks, well under it).
 # Only one block runs at a time, so the engine not measured is idle. REPEATS (3), PROGRAM_DP ("2,1"; "2"
 # to skip the dp=1 program when time is short), SHORT_DP ("1,2"; "" runs the program cells only),
-# RENDERER_WORKERS (both gateways' engine.renderer_num_workers; unset: the gateway's default), CHUNK_TARGET_S (290),
+# RENDERER_WORKERS (both gateways' engine.renderer_num_workers; unset: the gateway's default), FRONTEND_TORCH_THREADS
+# (both gateways' server.frontend_torch_threads; unset: the gateway's default, 1), CHUNK_TARGET_S (290),
 # API_PROCESSES_PER_RANK (4: front-end processes per rank, service/frontends.py; dp=2's gateway gets twice dp=1's, as
 # vllm serve defaults its API servers to the data-parallel size), EXECUTOR (both gateways'
 # engine.distributed_executor_backend, mp or uni; unset: vLLM's choice, mp as soon as dp > 1), HALF_CELL (1: also dp=1 at 64 streams, 0: not) and
@@ -67,7 +68,7 @@ b)
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
       --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" $([ "${HALF_CELL:-1}" = 0 ] && echo --no-half-cell) \
-      ${RENDERER_WORKERS:+--renderer-num-workers "$RENDERER_WORKERS"} ${EXECUTOR:+--distributed-executor-backend "$EXECUTOR"} --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
+      ${RENDERER_WORKERS:+--renderer-num-workers "$RENDERER_WORKERS"} ${FRONTEND_TORCH_THREADS:+--frontend-torch-threads "$FRONTEND_TORCH_THREADS"} ${EXECUTOR:+--distributed-executor-backend "$EXECUTOR"} --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
   echo "done in $((SECONDS - T0)) s (bench rc=$rc)"

@@ -93,7 +93,7 @@ def bench_args(**overrides: object) -> argparse.Namespace:
     values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
         gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes_per_rank=4, chunk_target_s=290.0, requests_per_worker=2,
-        renderer_num_workers=None, distributed_executor_backend=None,
+        renderer_num_workers=None, distributed_executor_backend=None, frontend_torch_threads=None,
     )
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -136,14 +136,17 @@ def test_renderer_workers_and_the_executor_reach_both_gateways_only_when_asked()
     plain = dp.gateway_env(bench_args(), dp=1, port=1, token="t")
     assert "MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS" not in plain
     assert "MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND" not in plain
+    assert "MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS" not in plain
     for d in (1, 2):
-        env = dp.gateway_env(bench_args(renderer_num_workers=8, distributed_executor_backend="uni"), dp=d, port=1, token="t")
+        env = dp.gateway_env(bench_args(renderer_num_workers=8, distributed_executor_backend="uni", frontend_torch_threads=4),
+                             dp=d, port=1, token="t")
         assert env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] == "8"
     served = GatewaySettings(engine={
         "renderer_num_workers": env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"],
         "distributed_executor_backend": env["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"],
-    })
+    }, server={"frontend_torch_threads": env["MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS"]})
     assert served.engine.renderer_num_workers == 8 and served.engine.distributed_executor_backend == "uni"
+    assert served.server.frontend_torch_threads == 4
 
 
 def test_running_requests_are_read_per_rank_from_metrics() -> None:
