@@ -154,6 +154,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             entry.setdefault("busiest_frontend_share", []).append(row["cpu"]["busiest_frontend_share"])
         if row.get("phases_ms"):
             entry.setdefault("phases_ms", []).append(row["phases_ms"])
+        if row.get("counters_per_rank"):
+            entry.setdefault("itl_ms_per_rank", []).append([rank["itl_ms"] for rank in row["counters_per_rank"].values()])
         steady = steady_rate(row)
         if steady is not None:
             entry.setdefault("steady_audio_s_per_s", []).append(round(row["audio_s"] * steady, 1))
@@ -314,8 +316,8 @@ PHASES = ("prepare", "features", "queue", "prefill", "decode", "total", "outside
 def phase_table(summary: dict[str, Any]) -> list[str]:
     """Where a short request's time went, per cell and dp: the median over repetitions of each block's median
     milliseconds (the gateway's `Server-Timing`, and the client's latency); with the steady-window rate."""
-    lines = ["", "| cell | dp | steady audio-s/s | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
+    lines = ["", "| cell | dp | steady audio-s/s | inter-token ms per rank | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
     shown = False
     for cell, per_dp in summary["cells"].items():
         for dp, entry in sorted(per_dp.items()):
@@ -325,7 +327,8 @@ def phase_table(summary: dict[str, Any]) -> list[str]:
             shown = True
             steady = entry.get("steady_audio_s_per_s") or []
             values = [[b[p] for b in blocks_ms if p in b] for p in PHASES]
-            lines.append(f"| {cell} | {dp} | {', '.join(f'{v:.0f}' for v in steady) or '-'} | "
+            itl = ", ".join("/".join(f"{ms:.1f}" for ms in block) for block in entry.get("itl_ms_per_rank", [])) or "-"
+            lines.append(f"| {cell} | {dp} | {', '.join(f'{v:.0f}' for v in steady) or '-'} | {itl} | "
                          + " | ".join(f"{median(v):.0f}" if v else "-" for v in values) + " |")
     return lines if shown else []
 
@@ -403,6 +406,38 @@ def per_rank(metrics_text: str, metric: str = RUNNING) -> dict[str, float]:
                        if part.split("=", 1)[0] == "engine"), "?")
         out[engine] = out.get(engine, 0.0) + float(value)
     return out
+
+
+RANK_COUNTERS = {
+    "tokens": "vllm:generation_tokens_total",
+    "itl_sum_s": "vllm:inter_token_latency_seconds_sum",
+    "itl_count": "vllm:inter_token_latency_seconds_count",
+}
+
+
+def rank_counter_deltas(before: str, after: str) -> dict[str, dict[str, float]]:
+    """Per rank, between two /metrics pages: tokens generated and the mean inter-token latency (ms).
+
+    The mean inter-token latency is the rank's step time as its requests saw it, the figure that tells a
+    rank of dp=2 from dp=1's engine at the same load; the tokens say how evenly the ranks were loaded.
+    """
+    first = {key: per_rank(before, name) for key, name in RANK_COUNTERS.items()}
+    last = {key: per_rank(after, name) for key, name in RANK_COUNTERS.items()}
+    out: dict[str, dict[str, float]] = {}
+    for rank in sorted(last["tokens"]):
+        delta = {key: last[key].get(rank, 0.0) - first[key].get(rank, 0.0) for key in RANK_COUNTERS}
+        out[rank] = {"tokens": delta["tokens"],
+                     "itl_ms": round(1000 * delta["itl_sum_s"] / delta["itl_count"], 3) if delta["itl_count"] > 0 else 0.0}
+    return out
+
+
+async def metrics_page(url: str) -> str:
+    """One /metrics page ('' when it cannot be read: the row then has no counters)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        try:
+            return (await client.get(f"{url}/metrics")).text
+        except httpx.HTTPError:
+            return ""
 
 
 class RankSampler:
@@ -700,11 +735,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                               program_tokens=per_chunk, requests_per_worker=args.requests_per_worker,
                               processes=args.client_processes)
             sampler = RankSampler(f"http://127.0.0.1:{ports[dp]}")
+            page_before = await metrics_page(f"http://127.0.0.1:{ports[dp]}")
             sampler.start()
             cpu_before = group_cpu_s(procs[dp].pid)
             answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
             cpu_after = group_cpu_s(procs[dp].pid)
             ranks = await sampler.stop()
+            counters = rank_counter_deltas(page_before, await metrics_page(f"http://127.0.0.1:{ports[dp]}"))
             records = answer.get("records", [])
             program = cell == PROGRAM_CELL
             row = dp_row(
@@ -717,7 +754,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if not program:
                 row.update(steady=steady_window(records, args.requests_per_worker, float(answer.get("t_start", 0.0))),
                            phases_ms=phase_medians(records))
-            row.update(running_per_rank=ranks, client_processes=answer.get("processes", 1),
+            row.update(running_per_rank=ranks, counters_per_rank=counters, client_processes=answer.get("processes", 1),
                        shard_walls_s=answer.get("shard_walls_s"), api_processes=api_processes(args, dp),
                        cpu=cpu_of_block(cpu_before, cpu_after, row["wall_s"], row["requests"]))
             result["rows"].append(row)

@@ -321,10 +321,30 @@ def test_steady_ratios_use_the_window_and_the_phase_table_shows_each_block() -> 
     assert summary["cells"][dp.SHORT_CELL]["2"]["steady_audio_s_per_s"] == [912.0]
     table = dp.render(summary)
     assert "Steady windows (every stream in its loop): dp=2 / dp=1 at 128 streams: median 1.90x" in table
-    assert f"| {dp.SHORT_CELL} | 2 | 912 | - | 10 | - | - | - | 500 | 60 | - |" in table
+    assert f"| {dp.SHORT_CELL} | 2 | 912 | - | - | 10 | - | - | - | 500 | 60 | - |" in table
 
 
 def test_phase_medians_split_the_clients_latency() -> None:
     records = closed_loop_records([[1.0, 2.0], [1.5, 2.5]], 2)
     records.append({"index": 9, "status": 500, "latency_s": 99.0})  # failures are not timed
     assert dp.phase_medians(records) == {"features": 15.0, "total": 400.0, "client": 500.0, "outside": 100.0}
+
+
+def test_each_ranks_step_time_and_tokens_come_from_the_metrics_counters() -> None:
+    def page(tokens: dict[str, float], itl_sum: dict[str, float], itl_count: dict[str, float]) -> str:
+        lines = []
+        for rank in tokens:
+            labels = f'{{engine="{rank}",model_name="m"}}'
+            lines += [f"vllm:generation_tokens_total{labels} {tokens[rank]}",
+                      f"vllm:inter_token_latency_seconds_sum{labels} {itl_sum[rank]}",
+                      f"vllm:inter_token_latency_seconds_count{labels} {itl_count[rank]}"]
+        return "\n".join(lines)
+
+    before = page({"0": 100.0, "1": 50.0}, {"0": 1.0, "1": 0.5}, {"0": 100.0, "1": 50.0})
+    after = page({"0": 1100.0, "1": 1050.0}, {"0": 6.0, "1": 6.5}, {"0": 1100.0, "1": 1050.0})
+    deltas = dp.rank_counter_deltas(before, after)
+    assert deltas == {"0": {"tokens": 1000.0, "itl_ms": 5.0}, "1": {"tokens": 1000.0, "itl_ms": 6.0}}
+    assert dp.rank_counter_deltas("", after)["0"]["tokens"] == 1100.0  # no page before: everything counts
+    data = rows({2: [3.0]}, [])
+    data[0].update(counters_per_rank=deltas, phases_ms={"total": 500.0})
+    assert "| 5.0/6.0 |" in dp.render(dp.summarize(data))

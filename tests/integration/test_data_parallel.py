@@ -23,6 +23,7 @@ import pytest
 from gateway_process import ADMIN_TOKEN, GatewayProcess, gateway_env, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import dp as dp_bench
 from qualification.clip import FROZEN_CLIP_PATH
 
 
@@ -94,6 +95,11 @@ def test_metrics_carry_each_ranks_engine_series(dp_gateway: GatewayProcess) -> N
                 engines.setdefault(family.name, set()).add(sample.labels["engine"])
     assert engines["vllm:num_requests_running"] == {"0", "1"}
     assert engines["vllm:request_success"] == {"0", "1"}
+    # the counters bench.dp reads each rank's step time and tokens from exist under these names
+    counters = dp_bench.rank_counter_deltas("", text)
+    assert set(counters) == {"0", "1"}
+    assert sum(rank["tokens"] for rank in counters.values()) >= 1
+    assert max(rank["itl_ms"] for rank in counters.values()) > 0
 
 
 def test_one_dead_rank_restarts_the_whole_engine(dp_gateway: GatewayProcess) -> None:
