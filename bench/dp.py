@@ -57,6 +57,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from statistics import median
@@ -94,39 +95,85 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # -- the logic (unit-tested on CPU) ---------------------------------------------------------------
 
 
-def blocks(
-    *, short_dps: Sequence[int] = (1, 2), program_dps: Sequence[int] = (2, 1), scaled: bool = True, half: bool = True
-) -> list[str]:
-    """Every (cell, dp) block of one repetition, as `cell@dp` names.
+@dataclass(frozen=True)
+class Gateway:
+    """One gateway of a run, named by its label: its dp, then variant tags, e.g. ``1``, ``2``, ``1-mp``, ``2-uni-api8``.
 
-    The scaled cell runs on dp=2 only, the half cell on dp=1 only (and only when dp=1 runs the short cell).
+    ``1`` and ``2`` are the shipped configuration (every variant setting unset); a tag changes one setting
+    against it: ``mp``/``uni`` the executor (engine.distributed_executor_backend), ``fe<N>`` the front ends'
+    torch threads (server.frontend_torch_threads), ``api<N>`` the front ends per rank. A variant's blocks
+    are compared with the plain gateway of the same dp in the same repetition (`variant_ratios`).
     """
+
+    label: str
+    dp: int
+    executor: str | None = None
+    frontend_torch_threads: int | None = None
+    api_processes_per_rank: int | None = None
+
+    @property
+    def base(self) -> str:
+        """The label of the shipped configuration this one is compared with."""
+        return str(self.dp)
+
+
+def gateway(label: str) -> Gateway:
+    """Parse a gateway label (`Gateway`); an unknown tag is an error, not a silent default."""
+    dp_text, *tags = label.split("-")
+    fields: dict[str, Any] = {}
+    for tag in tags:
+        if tag in ("mp", "uni"):
+            fields["executor"] = tag
+        elif match := re.fullmatch(r"fe(\d+)", tag):
+            fields["frontend_torch_threads"] = int(match[1])
+        elif match := re.fullmatch(r"api(\d+)", tag):
+            fields["api_processes_per_rank"] = int(match[1])
+        else:
+            raise ValueError(f"unknown variant tag {tag!r} in gateway label {label!r}")
+    return Gateway(label=label, dp=int(dp_text), **fields)
+
+
+def blocks(
+    *, short: Sequence[str] = ("1", "2"), program: Sequence[str] = ("2", "1"), scaled: bool = True, half: bool = True
+) -> list[str]:
+    """Every (cell, gateway) block of one repetition, as `cell@label` names.
+
+    The short cell on every gateway of `short`; the scaled cell on those with dp=2, the half cell on those
+    with dp=1; the program on every gateway of `program`.
+    """
+    gateways = [gateway(label) for label in short]
     return (
-        [f"{SHORT_CELL}@{dp}" for dp in short_dps]
-        + ([f"{HALF_CELL}@1"] if half and 1 in short_dps else [])
-        + ([f"{SCALED_CELL}@2"] if scaled else [])
-        + [f"{PROGRAM_CELL}@{dp}" for dp in program_dps]
+        [f"{SHORT_CELL}@{g.label}" for g in gateways]
+        + ([f"{HALF_CELL}@{g.label}" for g in gateways if g.dp == 1] if half else [])
+        + ([f"{SCALED_CELL}@{g.label}" for g in gateways if g.dp == 2] if scaled else [])
+        + [f"{PROGRAM_CELL}@{label}" for label in program]
     )
 
 
-def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str, int]]:
-    """(repeat, cell, dp) in run order: every block in every repetition, the order rotated by one per repetition."""
+def schedule(names: Sequence[str], repeats: int) -> list[tuple[int, str, str]]:
+    """(repeat, cell, gateway label) in run order: every block in every repetition, the order rotated by one per repetition."""
     out = []
     for repeat in range(repeats):
         for name in rotation(list(names), repeat):
-            cell, dp = name.rsplit("@", 1)
-            out.append((repeat, cell, int(dp)))
+            cell, label = name.rsplit("@", 1)
+            out.append((repeat, cell, label))
     return out
+
+
+def label_of(row: dict[str, Any]) -> str:
+    """A row's gateway label (rows from before labels name only their dp)."""
+    return str(row.get("gateway", row["dp"]))
 
 
 def dp_row(
     *, cell: str, repeat: int, wall_s: float, requests: int, dp: int, ok: int, audio_s: float,
-    generated_tokens: int | None = None, forced_tokens: int | None = None,
+    generated_tokens: int | None = None, forced_tokens: int | None = None, label: str | None = None,
 ) -> dict[str, Any]:
-    """One block's row: the fields issue 17 names, plus what the summary needs."""
+    """One block's row: the fields issue 17 names, plus what the summary needs (and the gateway's label)."""
     return {
         "cell": cell, "path": "gateway", "repeat": repeat, "wall_s": round(wall_s, 4), "requests": requests,
-        "dp": dp, "ok": ok, "audio_s": audio_s, "generated_tokens": generated_tokens, "forced_tokens": forced_tokens,
+        "dp": dp, "gateway": label or str(dp), "ok": ok, "audio_s": audio_s, "generated_tokens": generated_tokens,
+        "forced_tokens": forced_tokens,
     }
 
 
@@ -141,11 +188,11 @@ def complete(row: dict[str, Any]) -> bool:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians per (cell, dp), the per-repetition dp=2/dp=1 ratio of the short cell, and the targets."""
+    """Medians per (cell, gateway), the per-repetition dp=2/dp=1 ratio of the short cell, and the targets."""
     cells: dict[str, dict[str, Any]] = {}
     for row in rows:
         entry = cells.setdefault(row["cell"], {}).setdefault(
-            str(row["dp"]), {"wall_s": [], "complete_wall_s": [], "audio_s_per_s": [], "incomplete": 0}
+            label_of(row), {"wall_s": [], "complete_wall_s": [], "audio_s_per_s": [], "incomplete": 0}
         )
         entry["wall_s"].append(row["wall_s"])
         entry.setdefault("running_mean_busy", []).append(
@@ -168,26 +215,27 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for entry in per_dp.values():
             entry["median_wall_s"] = median(entry["complete_wall_s"]) if entry["complete_wall_s"] else None
             entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
-    ratios = _ratios(rows, (SHORT_CELL, 2), (SHORT_CELL, 1))
+    ratios = _ratios(rows, (SHORT_CELL, "2"), (SHORT_CELL, "1"))
     program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
     short_ratio = median(ratios) if ratios else None
     out: dict[str, Any] = {"cells": cells, "short_ratio_per_repeat": ratios, "short_ratio_median": short_ratio}
     for name, numerator, denominator in (
-        ("scaled", (SCALED_CELL, 2), (SHORT_CELL, 1)),
-        ("rank_scaling", (SHORT_CELL, 2), (HALF_CELL, 1)),
-        ("batch_gain", (SHORT_CELL, 1), (HALF_CELL, 1)),
+        ("scaled", (SCALED_CELL, "2"), (SHORT_CELL, "1")),
+        ("rank_scaling", (SHORT_CELL, "2"), (HALF_CELL, "1")),
+        ("batch_gain", (SHORT_CELL, "1"), (HALF_CELL, "1")),
     ):
         per_repeat = _ratios(rows, numerator, denominator)
         out[f"{name}_ratio_per_repeat"] = per_repeat
         out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
     for name, numerator, denominator in (
-        ("steady_short", (SHORT_CELL, 2), (SHORT_CELL, 1)),
-        ("steady_rank_scaling", (SHORT_CELL, 2), (HALF_CELL, 1)),
-        ("steady_batch_gain", (SHORT_CELL, 1), (HALF_CELL, 1)),
+        ("steady_short", (SHORT_CELL, "2"), (SHORT_CELL, "1")),
+        ("steady_rank_scaling", (SHORT_CELL, "2"), (HALF_CELL, "1")),
+        ("steady_batch_gain", (SHORT_CELL, "1"), (HALF_CELL, "1")),
     ):
         per_repeat = _ratios(rows, numerator, denominator, rate=steady_rate)
         out[f"{name}_ratio_per_repeat"] = per_repeat
         out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
+    out["variants"] = variant_ratios(rows)
     return {
         **out,
         "program_dp2_median_s": program,
@@ -248,8 +296,24 @@ def steady_rate(row: dict[str, Any]) -> float | None:
     return float(steady["requests_per_s"]) if complete(row) and steady else None
 
 
+def variant_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each variant gateway against the shipped one of its dp, per cell both ran: wall-time and steady ratios."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in sorted({label_of(row) for row in rows} - {"1", "2"}):
+        base = gateway(label).base
+        for cell in sorted({row["cell"] for row in rows if label_of(row) == label}):
+            wall = _ratios(rows, (cell, label), (cell, base))
+            steady = _ratios(rows, (cell, label), (cell, base), rate=steady_rate)
+            if wall or steady:
+                out.setdefault(label, {})[cell] = {
+                    "over": base, "wall_per_repeat": wall, "wall_median": median(wall) if wall else None,
+                    "steady_per_repeat": steady, "steady_median": median(steady) if steady else None,
+                }
+    return out
+
+
 def _ratios(
-    rows: list[dict[str, Any]], numerator: tuple[str, int], denominator: tuple[str, int],
+    rows: list[dict[str, Any]], numerator: tuple[str, str], denominator: tuple[str, str],
     rate: Callable[[dict[str, Any]], float | None] = wall_rate,
 ) -> list[float]:
     """Per repetition with both blocks complete: the throughput (requests/s, by `rate`) of the `numerator`
@@ -260,9 +324,9 @@ def _ratios(
     streams gets the 64 streams of the half cell; ideal 2.0); (short, 1) over (half, 1) is one GPU's gain
     from doubling its streams, which bounds the issue's ratio (see docs/benchmarks.md).
     """
-    rates: dict[int, dict[tuple[str, int], float]] = {}
+    rates: dict[int, dict[tuple[str, str], float]] = {}
     for row in rows:
-        key = (row["cell"], row["dp"])
+        key = (row["cell"], label_of(row))
         value = rate(row) if key in (numerator, denominator) else None
         if value is not None:
             rates.setdefault(row["repeat"], {})[key] = value
@@ -307,6 +371,10 @@ def render(summary: dict[str, Any]) -> str:
         if summary.get(f"{key}_ratio_median") is not None:
             lines.append(f"{text}: median {_fmt(summary[f'{key}_ratio_median'])}x, "
                          f"per repetition {summary[f'{key}_ratio_per_repeat']}.")
+    for label, per_cell in summary.get("variants", {}).items():
+        for cell, ratio in per_cell.items():
+            lines.append(f"Variant {label} / {ratio['over']} on {cell}: median {_fmt(ratio['wall_median'])}x "
+                         f"{ratio['wall_per_repeat']}, steady windows {_fmt(ratio['steady_median'])}x {ratio['steady_per_repeat']}.")
     return "\n".join(lines)
 
 
@@ -346,7 +414,7 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [2, 1]})
     bars = [
-        (f"{STREAMS[cell]} streams\ndp={dp}", entry["median_audio_s_per_s"] or 0.0, "#36c" if dp == "2" else "#888")
+        (f"{STREAMS[cell]} streams\ndp={dp}", entry["median_audio_s_per_s"] or 0.0, "#36c" if dp.startswith("2") else "#888")
         for cell in (HALF_CELL, SHORT_CELL, SCALED_CELL)
         for dp, entry in sorted(summary["cells"].get(cell, {}).items())
     ]
@@ -355,7 +423,7 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
     program = summary["cells"].get(PROGRAM_CELL, {})
     dps = sorted(program)
     right.bar([f"dp={dp}" for dp in dps], [program[dp]["median_wall_s"] or 0.0 for dp in dps],
-              color=["#36c" if dp == "2" else "#888" for dp in dps])
+              color=["#36c" if dp.startswith("2") else "#888" for dp in dps])
     right.axhline(TARGET_PROGRAM_S, color="#c33", linestyle="--", linewidth=1)
     right.set_title("program, chunked: median wall (s)")
     fig.tight_layout()
@@ -619,13 +687,24 @@ def serve(allow_unqualified: bool) -> int:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def api_processes(args: argparse.Namespace, dp: int) -> int:
-    """The front-end processes of the gateway with `dp` ranks: `--api-processes-per-rank` for each."""
-    return args.api_processes_per_rank * dp
+def api_processes(args: argparse.Namespace, target: Gateway) -> int:
+    """The front-end processes of a gateway: `--api-processes-per-rank` (or its `api<N>` tag) for each rank."""
+    return (target.api_processes_per_rank or args.api_processes_per_rank) * target.dp
 
 
-def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> dict[str, str]:
-    """The environment of one gateway: same settings for both, only dp, the devices and the front ends differ.
+def devices(target: Gateway, gpus: int) -> str:
+    """CUDA_VISIBLE_DEVICES of a gateway: dp=1 on GPU 0, dp=2 on 0 and 1; a dp=1 variant on the last GPU
+    (GPU 1 of two: each GPU then holds two engines, as GPU 0 does with the plain pair)."""
+    if target.dp > gpus:
+        raise ValueError(f"gateway {target.label} needs {target.dp} GPUs; the run has {gpus}")
+    if target.dp == 1 and target.label != "1":
+        return str(gpus - 1)
+    return ",".join(str(i) for i in range(target.dp))
+
+
+def gateway_env(args: argparse.Namespace, *, target: Gateway, port: int, token: str) -> dict[str, str]:
+    """The environment of one gateway: same settings for all, only dp, the devices, the front ends and a
+    variant's own setting differ.
 
     Front-end processes scale with the ranks (`--api-processes-per-rank`), as `vllm serve` defaults its API
     server count to the data-parallel size: every rank's requests get the same front-end CPU in both.
@@ -635,13 +714,13 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
     for section, values in shared_settings(args).items():
         env.update({f"MOSS_GATEWAY_{section.upper()}__{key.upper()}": str(value) for key, value in values.items()})
     env.update({
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(dp)),
-        "MOSS_GATEWAY_STATE_DIR": str(Path(args.state_dir) / f"dp{dp}"),
+        "CUDA_VISIBLE_DEVICES": devices(target, args.gpus),
+        "MOSS_GATEWAY_STATE_DIR": str(Path(args.state_dir) / f"dp{target.label}"),
         "MOSS_GATEWAY_ENGINE__MODEL": str(args.model),
         "MOSS_GATEWAY_SERVER__PORT": str(port),
         "MOSS_GATEWAY_SERVER__ADMIN_TOKEN": token,
-        "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(dp),
-        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(api_processes(args, dp)),
+        "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE": str(target.dp),
+        "MOSS_GATEWAY_SERVER__API_PROCESSES": str(api_processes(args, target)),
         "MOSS_GATEWAY_ENGINE__MAX_MODEL_LEN": str(args.max_model_len),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
         "MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs),
@@ -650,10 +729,12 @@ def gateway_env(args: argparse.Namespace, *, dp: int, port: int, token: str) -> 
     })
     if args.renderer_num_workers is not None:
         env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] = str(args.renderer_num_workers)
-    if args.frontend_torch_threads is not None:
-        env["MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS"] = str(args.frontend_torch_threads)
-    if args.distributed_executor_backend is not None:
-        env["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"] = args.distributed_executor_backend
+    threads = target.frontend_torch_threads or args.frontend_torch_threads
+    if threads is not None:
+        env["MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS"] = str(threads)
+    executor = target.executor or args.distributed_executor_backend
+    if executor is not None:
+        env["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"] = executor
     return env
 
 
@@ -691,17 +772,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     token = os.urandom(16).hex()
-    dps = sorted({1, 2})
-    ports = {dp: 18000 + dp for dp in dps}
+    targets = {label: gateway(label) for label in dict.fromkeys([*args.short_dp, *args.program_dp])}
+    ports = {label: 18001 + i for i, label in enumerate(targets)}
     result: dict[str, Any] = {"kind": "dp", "rows": [], "args": {k: str(v) for k, v in vars(args).items()},
                               "environment": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
     procs = {
-        dp: subprocess.Popen(
+        label: subprocess.Popen(
             [sys.executable, "-m", "bench.dp", "serve", *(["--allow-unqualified"] if args.allow_unqualified else [])],
-            cwd=str(REPO_ROOT), env=gateway_env(args, dp=dp, port=ports[dp], token=token),
-            stdout=open(work / f"gateway-dp{dp}.log", "wb"), stderr=subprocess.STDOUT,
+            cwd=str(REPO_ROOT), env=gateway_env(args, target=target, port=ports[label], token=token),
+            stdout=open(work / f"gateway-dp{label}.log", "wb"), stderr=subprocess.STDOUT,
         )
-        for dp in dps
+        for label, target in targets.items()
     }
     clips = [str(write_wav(work / f"s{i}.wav", noise_pcm16(SHORT_AUDIO_S, 1000 + i)))
              for i in range(SCALED_STREAMS * args.requests_per_worker)]
@@ -709,43 +790,45 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     files = {SHORT_CELL: clips, SCALED_CELL: clips, HALF_CELL: clips, PROGRAM_CELL: [str(write_wav(work / "program.wav", program_pcm))]}
     try:
         started = time.monotonic()
-        for dp, port in ports.items():
+        for label, port in ports.items():
             while True:
-                assert procs[dp].poll() is None, f"gateway dp={dp} exited; see {work}/gateway-dp{dp}.log"
-                assert time.monotonic() - started < args.start_timeout_s, f"gateway dp={dp} not ready"
-                if every_frontend_ready(f"http://127.0.0.1:{port}", api_processes(args, dp)):
+                assert procs[label].poll() is None, f"gateway {label} exited; see {work}/gateway-dp{label}.log"
+                assert time.monotonic() - started < args.start_timeout_s, f"gateway {label} not ready"
+                if every_frontend_ready(f"http://127.0.0.1:{port}", api_processes(args, targets[label])):
                     break
                 await asyncio.sleep(1)
-            result.setdefault("backend", {})[str(dp)] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
+            result.setdefault("backend", {})[label] = httpx.get(f"http://127.0.0.1:{port}/v1/backend", timeout=30).json()
         result["ready_s"] = time.monotonic() - started
         chunks, per_chunk = program_plan(args, program_pcm)
         result["program_plan"] = {"chunks": chunks, "tokens_per_chunk": per_chunk, "forced_tokens": chunks * per_chunk,
                                   "chunk_target_s": args.chunk_target_s}
-        names = blocks(short_dps=args.short_dp, program_dps=args.program_dp, scaled=2 in args.short_dp, half=args.half_cell)
-        for dp in dps:  # warm-up: every shape once on each gateway, not measured
+        names = blocks(short=args.short_dp, program=args.program_dp, scaled=True, half=args.half_cell)
+        for label in targets:  # warm-up: every shape once on each gateway, not measured
             for cell in (SHORT_CELL, SCALED_CELL, HALF_CELL, PROGRAM_CELL):
-                spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files, program_tokens=64)
+                spec = block_spec(cell, url=f"http://127.0.0.1:{ports[label]}", token=token, files=files, program_tokens=64)
                 await _client({**spec, "concurrency": 1, "requests_per_worker": 1, "processes": 1, "files": spec["files"][:1],
-                               "output_tokens": 16}, work, f"warm{dp}")
-        for repeat, cell, dp in schedule(names, args.repeats):
+                               "output_tokens": 16}, work, f"warm{label}")
+        for repeat, cell, label in schedule(names, args.repeats):
             if time.monotonic() - started > args.deadline_s:
-                result.setdefault("skipped", []).append(f"{cell}@{dp} repeat {repeat}: past the deadline")
+                result.setdefault("skipped", []).append(f"{cell}@{label} repeat {repeat}: past the deadline")
                 continue
-            spec = block_spec(cell, url=f"http://127.0.0.1:{ports[dp]}", token=token, files=files,
+            url = f"http://127.0.0.1:{ports[label]}"
+            spec = block_spec(cell, url=url, token=token, files=files,
                               program_tokens=per_chunk, requests_per_worker=args.requests_per_worker,
                               processes=args.client_processes)
-            sampler = RankSampler(f"http://127.0.0.1:{ports[dp]}")
-            page_before = await metrics_page(f"http://127.0.0.1:{ports[dp]}")
+            sampler = RankSampler(url)
+            page_before = await metrics_page(url)
             sampler.start()
-            cpu_before = group_cpu_s(procs[dp].pid)
-            answer = await _client(spec, work, f"{cell}-{dp}-{repeat}")
-            cpu_after = group_cpu_s(procs[dp].pid)
+            cpu_before = group_cpu_s(procs[label].pid)
+            answer = await _client(spec, work, f"{cell}-{label}-{repeat}")
+            cpu_after = group_cpu_s(procs[label].pid)
             ranks = await sampler.stop()
-            counters = rank_counter_deltas(page_before, await metrics_page(f"http://127.0.0.1:{ports[dp]}"))
+            counters = rank_counter_deltas(page_before, await metrics_page(url))
             records = answer.get("records", [])
             program = cell == PROGRAM_CELL
             row = dp_row(
-                cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)), requests=len(spec["files"]), dp=dp,
+                cell=cell, repeat=repeat, wall_s=float(answer.get("wall_s", 0.0)), requests=len(spec["files"]),
+                dp=targets[label].dp, label=label,
                 ok=sum(1 for r in records if r.get("status") == 200),
                 audio_s=PROGRAM_DURATION_S if program else SHORT_AUDIO_S,
                 generated_tokens=sum(int(r.get("header_generated_tokens") or 0) for r in records),
@@ -755,7 +838,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row.update(steady=steady_window(records, args.requests_per_worker, float(answer.get("t_start", 0.0))),
                            phases_ms=phase_medians(records))
             row.update(running_per_rank=ranks, counters_per_rank=counters, client_processes=answer.get("processes", 1),
-                       shard_walls_s=answer.get("shard_walls_s"), api_processes=api_processes(args, dp),
+                       shard_walls_s=answer.get("shard_walls_s"), api_processes=api_processes(args, targets[label]),
                        cpu=cpu_of_block(cpu_before, cpu_after, row["wall_s"], row["requests"]))
             result["rows"].append(row)
             Path(args.out).write_text(json.dumps(result, indent=1))
@@ -774,9 +857,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def dp_values(text: str) -> list[int]:
-    """A comma-separated list of data-parallel sizes from the command line ("" is none)."""
-    return [int(x) for x in text.split(",") if x]
+def gateway_labels(text: str) -> list[str]:
+    """A comma-separated list of gateway labels from the command line ("" is none); each must parse (`gateway`)."""
+    labels = [x for x in text.split(",") if x]
+    for label in labels:
+        gateway(label)
+    return labels
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -790,10 +876,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="front-end processes per data-parallel rank (server.api_processes = this x dp)")
     r.add_argument("--no-half-cell", dest="half_cell", action="store_false",
                    help=f"skip dp=1 at {HALF_STREAMS} streams (the per-GPU load of dp=2 at {SHORT_STREAMS})")
-    r.add_argument("--program-dp", type=dp_values, default=[2, 1],
-                   help="the program's dp values per repetition (dp=1 for comparison, if time allows)")
-    r.add_argument("--short-dp", type=dp_values, default=[1, 2],
-                   help="dp values of the 128-stream cell (the 256-stream cell runs when 2 is among them); empty: none")
+    r.add_argument("--program-dp", type=gateway_labels, default=["2", "1"],
+                   help="the gateways (labels, see Gateway) of the program per repetition (dp=1 for comparison, if time allows)")
+    r.add_argument("--short-dp", type=gateway_labels, default=["1", "2"],
+                   help="the gateways (labels: 1, 2, or a variant such as 1-mp, 2-uni, 1-fe32, 2-api8) of the 128-stream "
+                        "cell; the 256-stream cell runs on those with dp=2, the 64-stream cell on those with dp=1; empty: none")
+    r.add_argument("--gpus", type=int, default=2, help="GPUs of the host (a dp=1 variant runs on the last)")
     r.add_argument("--renderer-num-workers", type=int, default=None,
                    help="both gateways' engine.renderer_num_workers (unset: the gateway's default)")
     r.add_argument("--frontend-torch-threads", type=int, default=None,

@@ -33,8 +33,13 @@
 # (both gateways' server.frontend_torch_threads; unset: the gateway's default, 1), CHUNK_TARGET_S (290),
 # API_PROCESSES_PER_RANK (4: front-end processes per rank, service/frontends.py; dp=2's gateway gets twice dp=1's, as
 # vllm serve defaults its API servers to the data-parallel size), EXECUTOR (both gateways'
-# engine.distributed_executor_backend, mp or uni; unset: vLLM's choice, mp as soon as dp > 1), HALF_CELL (1: also dp=1 at 64 streams, 0: not) and
+# engine.distributed_executor_backend, mp or uni; unset: vLLM's choice, mp as soon as dp > 1), HALF_CELL (1: also
+# dp=1 at 64 streams, 0: not), GPUS (2; 1 on a one-GPU host, where SHORT_DP may name only dp=1 gateways) and
 # DEADLINE_S (565). Two gateways with 4 and 8 front ends take about 110-130 s to be ready: DEADLINE_S >= 450.
+# SHORT_DP and PROGRAM_DP take gateway labels: 1, 2, or a variant of either that changes one setting
+# (1-mp, 2-uni: the executor; 1-fe32: the front ends' torch threads; 2-api8: front ends per rank), measured
+# in the same repetitions and reported against the plain gateway of its dp (bench.dp's Gateway). A dp=1
+# variant runs on the last GPU; three engines on one GPU need MEM_FRACTION=0.28.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/common.sh
@@ -67,7 +72,7 @@ b)
       --program-dp "${PROGRAM_DP-2,1}" --api-processes-per-rank "${API_PROCESSES_PER_RANK:-4}" --gpu-memory-utilization "${MEM_FRACTION:-0.40}" \
       --kv-cache-memory-bytes "${KV_BYTES:-25769803776}" --work-dir /tmp/bench-dp-work \
       --requests-per-worker "${REQUESTS_PER_WORKER:-2}" --client-processes "${CLIENT_PROCESSES:-8}" \
-      --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" $([ "${HALF_CELL:-1}" = 0 ] && echo --no-half-cell) \
+      --chunk-target-s "${CHUNK_TARGET_S:-290}" --short-dp "${SHORT_DP-1,2}" --gpus "${GPUS:-2}" $([ "${HALF_CELL:-1}" = 0 ] && echo --no-half-cell) \
       ${RENDERER_WORKERS:+--renderer-num-workers "$RENDERER_WORKERS"} ${FRONTEND_TORCH_THREADS:+--frontend-torch-threads "$FRONTEND_TORCH_THREADS"} ${EXECUTOR:+--distributed-executor-backend "$EXECUTOR"} --start-timeout-s 300 --deadline-s $((LEFT - 60)) --allow-unqualified || rc=$?
   cp /tmp/bench-dp-work/gateway-dp*.log "$OUT/" 2>/dev/null || true
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true

@@ -25,14 +25,14 @@ def test_every_block_runs_in_every_repetition_in_a_rotated_order() -> None:
     assert len(plan) == 18
     for repeat in range(3):
         blocks = sorted((c, d) for r, c, d in plan if r == repeat)
-        assert blocks == sorted([(dp.SHORT_CELL, 1), (dp.SHORT_CELL, 2), (dp.HALF_CELL, 1), (dp.SCALED_CELL, 2),
-                                 (dp.PROGRAM_CELL, 2), (dp.PROGRAM_CELL, 1)])
+        assert blocks == sorted([(dp.SHORT_CELL, "1"), (dp.SHORT_CELL, "2"), (dp.HALF_CELL, "1"), (dp.SCALED_CELL, "2"),
+                                 (dp.PROGRAM_CELL, "2"), (dp.PROGRAM_CELL, "1")])
     firsts = [next((c, d) for r, c, d in plan if r == repeat) for repeat in range(3)]
     assert len(set(firsts)) == 3  # no block always runs first
 
 
 def test_a_program_only_run_has_no_short_blocks() -> None:
-    names = dp.blocks(short_dps=[], program_dps=[2, 1], scaled=False)  # no dp=1 short cell: no half cell either
+    names = dp.blocks(short=[], program=["2", "1"], scaled=False)  # no dp=1 short cell: no half cell either
     assert names == [f"{dp.PROGRAM_CELL}@2", f"{dp.PROGRAM_CELL}@1"]
     assert len(dp.schedule(names, 3)) == 6
 
@@ -93,7 +93,7 @@ def bench_args(**overrides: object) -> argparse.Namespace:
     values = dict(
         state_dir="/s", model="/m", max_model_len=1, max_num_batched_tokens=2, max_num_seqs=3,
         gpu_memory_utilization=0.4, kv_cache_memory_bytes=5, api_processes_per_rank=4, chunk_target_s=290.0, requests_per_worker=2,
-        renderer_num_workers=None, distributed_executor_backend=None, frontend_torch_threads=None,
+        renderer_num_workers=None, distributed_executor_backend=None, frontend_torch_threads=None, gpus=2,
     )
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -121,7 +121,7 @@ def test_a_short_block_that_generated_fewer_tokens_than_forced_counts_for_no_rat
 def test_the_bench_plans_the_chunks_with_the_gateways_settings() -> None:
     """What the gateways get (environment) and what the bench plans with come from one dict."""
     args = bench_args()
-    env = dp.gateway_env(args, dp=1, port=1, token="t")
+    env = dp.gateway_env(args, target=dp.gateway("1"), port=1, token="t")
     assert env["MOSS_GATEWAY_LONGFORM__TARGET_S"] == "290.0" and env["MOSS_GATEWAY_AUDIO__MAX_DURATION_S"] == "3000"
     chunks, per_chunk = dp.program_plan(args, noise_pcm16(PROGRAM_DURATION_S, 7))
     assert 9 <= chunks <= 11 and per_chunk * chunks >= 36_492 > (per_chunk - 1) * chunks
@@ -133,13 +133,13 @@ def test_the_bench_plans_the_chunks_with_the_gateways_settings() -> None:
 
 
 def test_renderer_workers_and_the_executor_reach_both_gateways_only_when_asked() -> None:
-    plain = dp.gateway_env(bench_args(), dp=1, port=1, token="t")
+    plain = dp.gateway_env(bench_args(), target=dp.gateway("1"), port=1, token="t")
     assert "MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS" not in plain
     assert "MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND" not in plain
     assert "MOSS_GATEWAY_SERVER__FRONTEND_TORCH_THREADS" not in plain
     for d in (1, 2):
         env = dp.gateway_env(bench_args(renderer_num_workers=8, distributed_executor_backend="uni", frontend_torch_threads=4),
-                             dp=d, port=1, token="t")
+                             target=dp.gateway(str(d)), port=1, token="t")
         assert env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"] == "8"
     served = GatewaySettings(engine={
         "renderer_num_workers": env["MOSS_GATEWAY_ENGINE__RENDERER_NUM_WORKERS"],
@@ -172,7 +172,7 @@ def test_short_blocks_send_several_clips_per_stream_from_several_processes() -> 
 
 def test_the_two_gateways_differ_only_in_dp_devices_and_front_ends_per_rank() -> None:
     args = bench_args()
-    one, two = (dp.gateway_env(args, dp=d, port=1, token="t") for d in (1, 2))
+    one, two = (dp.gateway_env(args, target=dp.gateway(str(d)), port=1, token="t") for d in (1, 2))
     differ = {k for k in one.keys() | two.keys() if one.get(k) != two.get(k)}
     assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_ENGINE__DATA_PARALLEL_SIZE", "MOSS_GATEWAY_STATE_DIR",
                       "MOSS_GATEWAY_SERVER__API_PROCESSES"}
@@ -259,7 +259,7 @@ def test_the_gateways_keep_the_callers_revision_label_but_none_of_its_other_sett
     """Regression: the H200 runs of 2026-11-30 (d) reported the device copy's stale HEAD as the gateway revision."""
     monkeypatch.setenv(dp.REVISION_ENV, "07fa5fa")
     monkeypatch.setenv("MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS", "999")
-    env = dp.gateway_env(bench_args(), dp=2, port=1, token="t")
+    env = dp.gateway_env(bench_args(), target=dp.gateway("2"), port=1, token="t")
     assert env[dp.REVISION_ENV] == "07fa5fa" and env["MOSS_GATEWAY_ENGINE__MAX_NUM_SEQS"] == "3"
 
 
@@ -348,3 +348,47 @@ def test_each_ranks_step_time_and_tokens_come_from_the_metrics_counters() -> Non
     data = rows({2: [3.0]}, [])
     data[0].update(counters_per_rank=deltas, phases_ms={"total": 500.0})
     assert "| 5.0/6.0 |" in dp.render(dp.summarize(data))
+
+
+def test_a_gateway_label_names_its_dp_and_the_one_setting_it_changes() -> None:
+    assert dp.gateway("2") == dp.Gateway(label="2", dp=2)
+    variant = dp.gateway("1-mp-fe32-api8")
+    assert (variant.dp, variant.executor, variant.frontend_torch_threads, variant.api_processes_per_rank, variant.base) == (
+        1, "mp", 32, 8, "1")
+    with pytest.raises(ValueError, match="unknown variant tag"):
+        dp.gateway("1-fast")
+    with pytest.raises(ValueError, match="unknown variant tag"):
+        dp.gateway_labels("1,2-nope")
+
+
+def test_a_variant_gateway_changes_only_its_own_setting_and_runs_on_the_last_gpu() -> None:
+    args = bench_args()
+    plain, variant = (dp.gateway_env(args, target=dp.gateway(label), port=1, token="t") for label in ("1", "1-mp-api8"))
+    differ = {k for k in plain.keys() | variant.keys() if plain.get(k) != variant.get(k)}
+    assert differ == {"CUDA_VISIBLE_DEVICES", "MOSS_GATEWAY_STATE_DIR", "MOSS_GATEWAY_SERVER__API_PROCESSES",
+                      "MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"}
+    assert (plain["CUDA_VISIBLE_DEVICES"], variant["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    assert variant["MOSS_GATEWAY_SERVER__API_PROCESSES"] == "8" and variant["MOSS_GATEWAY_ENGINE__DISTRIBUTED_EXECUTOR_BACKEND"] == "mp"
+    one_gpu = bench_args(gpus=1)
+    assert dp.gateway_env(one_gpu, target=dp.gateway("1-fe32"), port=1, token="t")["CUDA_VISIBLE_DEVICES"] == "0"
+    with pytest.raises(ValueError, match="needs 2 GPUs"):
+        dp.gateway_env(one_gpu, target=dp.gateway("2"), port=1, token="t")
+
+
+def test_variants_get_their_own_blocks_and_are_compared_with_the_plain_gateway_of_their_dp() -> None:
+    names = dp.blocks(short=["1", "1-mp", "2", "2-uni"], program=[], scaled=False)
+    assert names == [f"{dp.SHORT_CELL}@1", f"{dp.SHORT_CELL}@1-mp", f"{dp.SHORT_CELL}@2", f"{dp.SHORT_CELL}@2-uni",
+                     f"{dp.HALF_CELL}@1", f"{dp.HALF_CELL}@1-mp"]
+    data = []
+    for label, d, walls in (("1", 1, [4.0, 4.0]), ("1-mp", 1, [5.0, 4.0]), ("2", 2, [2.0, 2.0]), ("2-uni", 2, [1.6, 2.5])):
+        for repeat, wall in enumerate(walls):
+            data.append(dp.dp_row(cell=dp.SHORT_CELL, repeat=repeat, wall_s=wall, requests=128, dp=d, ok=128, audio_s=12.0,
+                                  label=label))
+    summary = dp.summarize(data)
+    assert summary["short_ratio_per_repeat"] == [2.0, 2.0]  # the issue's ratio stays plain 2 over plain 1
+    assert summary["variants"]["1-mp"][dp.SHORT_CELL]["wall_per_repeat"] == [0.8, 1.0]
+    assert summary["variants"]["2-uni"][dp.SHORT_CELL]["over"] == "2"
+    assert summary["variants"]["2-uni"][dp.SHORT_CELL]["wall_per_repeat"] == [1.25, 0.8]
+    assert f"Variant 1-mp / 1 on {dp.SHORT_CELL}: median 0.90x" in dp.render(summary)
+    old = {k: v for k, v in data[0].items() if k != "gateway"}  # rows from before labels: their dp is the label
+    assert dp.label_of(old) == "1"
