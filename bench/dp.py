@@ -38,6 +38,11 @@ The summary gives per cell and dp the median wall time and throughput, and per
 repetition the dp=2 / dp=1 throughput ratio of the short cell (target >= 1.9) and
 the program's wall time on dp=2 (target <= 8 s).
 
+Variants: ``--short-dp`` and ``--program-dp`` take gateway labels (`Gateway`): ``1`` and ``2`` are the
+shipped configuration, and e.g. ``1-mp`` (dp=1 with the multiprocess executor) or ``2-api8`` (8 front ends
+a rank) adds a gateway that differs in that one setting, measured in the same repetitions and reported
+against the plain gateway of its dp. With ``--gpus 1`` a one-GPU host compares dp=1 variants.
+
 The gateways open only on a passing qualification unless ``--allow-unqualified`` is
 given (the default of the device script, random weights): then the `serve` process
 opens its gate as ``bench-unqualified`` and every answer says so.
@@ -340,7 +345,7 @@ def _ratios(
 def render(summary: dict[str, Any]) -> str:
     """The markdown table for docs/benchmarks.md."""
     lines = [
-        "| cell | dp | median wall (s), complete blocks | median audio-s/s | walls (s), all blocks | incomplete blocks "
+        "| cell | gateway | median wall (s), complete blocks | median audio-s/s | walls (s), all blocks | incomplete blocks "
         "| running, all ranks (mean while busy) | busiest front end (share of a core) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -384,7 +389,7 @@ PHASES = ("prepare", "features", "queue", "prefill", "decode", "total", "outside
 def phase_table(summary: dict[str, Any]) -> list[str]:
     """Where a short request's time went, per cell and dp: the median over repetitions of each block's median
     milliseconds (the gateway's `Server-Timing`, and the client's latency); with the steady-window rate."""
-    lines = ["", "| cell | dp | steady audio-s/s | inter-token ms per rank | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
+    lines = ["", "| cell | gateway | steady audio-s/s | inter-token ms per rank | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
              "| --- | --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
     shown = False
     for cell, per_dp in summary["cells"].items():
