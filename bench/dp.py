@@ -417,12 +417,14 @@ def plot(summary: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), gridspec_kw={"width_ratios": [2, 1]})
     bars = [
         (f"{STREAMS[cell]} streams\ndp={dp}", entry["median_audio_s_per_s"] or 0.0, "#36c" if dp.startswith("2") else "#888")
         for cell in (HALF_CELL, SHORT_CELL, SCALED_CELL)
         for dp, entry in sorted(summary["cells"].get(cell, {}).items())
     ]
+    # wide enough that every bar's two-line label stays clear of its neighbours'
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9.0, 1.25 * len(bars) + 3.5), 3.4),
+                                      gridspec_kw={"width_ratios": [max(2, len(bars) // 3), 1]})
     left.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
     left.set_title("12 s clips x 153 tokens: median audio-s/s")
     program = summary["cells"].get(PROGRAM_CELL, {})
