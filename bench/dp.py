@@ -192,6 +192,15 @@ def complete(row: dict[str, Any]) -> bool:
     return forced is None or (generated is not None and generated >= forced)
 
 
+#: The ratios of every summary, (cell, gateway) over (cell, gateway), per repetition (`_ratios`, which says why each).
+RATIOS = {
+    "short": ((SHORT_CELL, "2"), (SHORT_CELL, "1")),
+    "scaled": ((SCALED_CELL, "2"), (SHORT_CELL, "1")),
+    "rank_scaling": ((SHORT_CELL, "2"), (HALF_CELL, "1")),
+    "batch_gain": ((SHORT_CELL, "1"), (HALF_CELL, "1")),
+}
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians per (cell, gateway), the per-repetition dp=2/dp=1 ratio of the short cell, and the targets."""
     cells: dict[str, dict[str, Any]] = {}
@@ -220,27 +229,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for entry in per_dp.values():
             entry["median_wall_s"] = median(entry["complete_wall_s"]) if entry["complete_wall_s"] else None
             entry["median_audio_s_per_s"] = median(entry["audio_s_per_s"]) if entry["audio_s_per_s"] else None
-    ratios = _ratios(rows, (SHORT_CELL, "2"), (SHORT_CELL, "1"))
-    program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
-    short_ratio = median(ratios) if ratios else None
-    out: dict[str, Any] = {"cells": cells, "short_ratio_per_repeat": ratios, "short_ratio_median": short_ratio}
-    for name, numerator, denominator in (
-        ("scaled", (SCALED_CELL, "2"), (SHORT_CELL, "1")),
-        ("rank_scaling", (SHORT_CELL, "2"), (HALF_CELL, "1")),
-        ("batch_gain", (SHORT_CELL, "1"), (HALF_CELL, "1")),
-    ):
-        per_repeat = _ratios(rows, numerator, denominator)
-        out[f"{name}_ratio_per_repeat"] = per_repeat
-        out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
-    for name, numerator, denominator in (
-        ("steady_short", (SHORT_CELL, "2"), (SHORT_CELL, "1")),
-        ("steady_rank_scaling", (SHORT_CELL, "2"), (HALF_CELL, "1")),
-        ("steady_batch_gain", (SHORT_CELL, "1"), (HALF_CELL, "1")),
-    ):
-        per_repeat = _ratios(rows, numerator, denominator, rate=steady_rate)
-        out[f"{name}_ratio_per_repeat"] = per_repeat
-        out[f"{name}_ratio_median"] = median(per_repeat) if per_repeat else None
+    out: dict[str, Any] = {"cells": cells}
+    for prefix, rate in (("", wall_rate), ("steady_", steady_rate)):  # each ratio by wall time and in steady windows
+        for name, (numerator, denominator) in RATIOS.items():
+            per_repeat = _ratios(rows, numerator, denominator, rate=rate)
+            out[f"{prefix}{name}_ratio_per_repeat"] = per_repeat
+            out[f"{prefix}{name}_ratio_median"] = median(per_repeat) if per_repeat else None
     out["variants"] = variant_ratios(rows)
+    program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
+    short_ratio = out["short_ratio_median"]
     return {
         **out,
         "program_dp2_median_s": program,

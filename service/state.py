@@ -62,7 +62,7 @@ class FrontendPosition:
     index: int
     count: int
     #: torch's intra-op threads here (`server.frontend_torch_threads`, read back from torch once it is set).
-    torch_threads: int = 1
+    torch_threads: int
 
 
 @dataclass

@@ -33,7 +33,7 @@ class Accountant:
         job, timings = outcome.job, outcome.timings
         decode_s = timings.decode_time_s
         generated = outcome.stop.generated_tokens
-        total_s = outcome.finished - job.started
+        total_s = outcome.total_s
         evidence: dict[str, Any] = {
             "request_id": job.request_id,
             "track": job.track,
@@ -90,7 +90,7 @@ class Accountant:
     async def account(self, outcome: Outcome, backend: BackendTag, *, status: int) -> None:
         """Metrics and the ledger line of a request that produced a transcript."""
         job, metrics, track = outcome.job, self.metrics, outcome.job.track
-        total_s = outcome.finished - job.started
+        total_s = outcome.total_s
         metrics.latency.labels(track).observe(total_s)
         if outcome.timings.time_to_first_token_s is not None:
             metrics.ttft.labels(track).observe(outcome.timings.time_to_first_token_s)

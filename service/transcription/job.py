@@ -172,6 +172,11 @@ class Outcome:
         return bool(self.truncation)
 
     @property
+    def total_s(self) -> float:
+        """The job's start to its outcome: the `total` of the evidence and of `Server-Timing`."""
+        return self.finished - self.job.started
+
+    @property
     def raw_text(self) -> str:
         """The native pass's raw text (the recovery track's first pass is the native one)."""
         return "" if self.job.track == "chunked" else self.passes[0].final.text

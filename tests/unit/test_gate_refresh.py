@@ -41,7 +41,7 @@ def passing_record(qid: str) -> dict[str, object]:
 
 
 def test_a_record_written_elsewhere_opens_the_gate_and_its_removal_closes_it(tmp_path: Path) -> None:
-    frontend = state(tmp_path, FrontendPosition(index=1, count=2))
+    frontend = state(tmp_path, FrontendPosition(index=1, count=2, torch_threads=1))
     assert refresh_gate(frontend) is False
     path = record_store(frontend).write(passing_record("q-other-process"))  # as the process that qualified
     assert refresh_gate(frontend) is True and frontend.gate.qualification_id == "q-other-process"

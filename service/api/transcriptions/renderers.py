@@ -235,14 +235,14 @@ def server_timing(outcome: Outcome) -> str:
     reports them; `total`: the job's start to its outcome. A load test reads it to split a request's
     latency between the gateway and the engine (bench.client keeps it per request).
     """
-    timings, started = outcome.timings, outcome.job.started
+    timings = outcome.timings
     phases = (
-        ("prepare", max(0.0, timings.submitted - started)),
+        ("prepare", max(0.0, timings.submitted - outcome.job.started)),
         ("features", timings.render_s),
         ("queue", timings.engine_queue_s),
         ("prefill", timings.engine_prefill_s),
         ("decode", timings.engine_decode_s),
-        ("total", outcome.finished - started),
+        ("total", outcome.total_s),
     )
     return ", ".join(f"{name};dur={seconds * 1000:.1f}" for name, seconds in phases if seconds is not None)
 
