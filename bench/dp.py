@@ -216,7 +216,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if row.get("phases_ms"):
             entry.setdefault("phases_ms", []).append(row["phases_ms"])
         if row.get("counters_per_rank"):
-            entry.setdefault("itl_ms_per_rank", []).append([rank["itl_ms"] for rank in row["counters_per_rank"].values()])
+            ranks = row["counters_per_rank"].values()
+            entry.setdefault("itl_ms_per_rank", []).append([rank["itl_ms"] for rank in ranks])
+            tokens = [rank["tokens"] for rank in ranks]
+            entry.setdefault("rank_token_spread", []).append((max(tokens) - min(tokens)) / max(tokens) if max(tokens) else 0.0)
+        if row.get("cpu", {}).get("core_share"):
+            shares = row["cpu"]["core_share"]
+            entry.setdefault("engine_cores", []).append(
+                sum(v for role, v in shares.items() if role.startswith("engine-core") or role == "worker"))
+            entry.setdefault("frontend_cpu_ms_per_request", []).append(row["cpu"]["frontend_cpu_ms_per_request"])
         steady = steady_rate(row)
         if steady is not None:
             entry.setdefault("steady_audio_s_per_s", []).append(round(row["audio_s"] * steady, 1))
@@ -236,6 +244,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{prefix}{name}_ratio_per_repeat"] = per_repeat
             out[f"{prefix}{name}_ratio_median"] = median(per_repeat) if per_repeat else None
     out["variants"] = variant_ratios(rows)
+    out["against_variants"] = against_variants(rows)
     program = cells.get(PROGRAM_CELL, {}).get("2", {}).get("median_wall_s")
     short_ratio = out["short_ratio_median"]
     return {
@@ -314,6 +323,31 @@ def variant_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return out
 
 
+def against_variants(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The data-parallel ratios with a dp=1 variant in place of the plain dp=1 (e.g. `1-mp`, a faster one GPU):
+    dp=2 at 128 over it at 128 and at 64, and its own gain from 64 to 128 streams."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in sorted({label_of(row) for row in rows if row["dp"] == 1} - {"1"}):
+        for name, (numerator, denominator) in RATIOS.items():
+            if name == "scaled":
+                continue
+            swap = tuple((cell, label if gateway_label == "1" else gateway_label) for cell, gateway_label in (numerator, denominator))
+            per_repeat = _ratios(rows, swap[0], swap[1])
+            if per_repeat:
+                out.setdefault(label, {})[name] = {"per_repeat": per_repeat, "median": median(per_repeat)}
+    return out
+
+
+def pooled_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of several runs as one run: each run's repetitions renumbered after the previous run's, so that
+    every ratio stays within one repetition of one run."""
+    rows: list[dict[str, Any]] = []
+    for result in results:
+        offset = 1 + max((row["repeat"] for row in rows), default=-1)
+        rows += [{**row, "repeat": offset + row["repeat"]} for row in result["rows"]]
+    return rows
+
+
 def _ratios(
     rows: list[dict[str, Any]], numerator: tuple[str, str], denominator: tuple[str, str],
     rate: Callable[[dict[str, Any]], float | None] = wall_rate,
@@ -373,6 +407,9 @@ def render(summary: dict[str, Any]) -> str:
         if summary.get(f"{key}_ratio_median") is not None:
             lines.append(f"{text}: median {_fmt(summary[f'{key}_ratio_median'])}x, "
                          f"per repetition {summary[f'{key}_ratio_per_repeat']}.")
+    for label, per_name in summary.get("against_variants", {}).items():
+        for name, ratio in per_name.items():
+            lines.append(f"With {label} as dp=1, {name}: median {_fmt(ratio['median'])}x {ratio['per_repeat']}.")
     for label, per_cell in summary.get("variants", {}).items():
         for cell, ratio in per_cell.items():
             lines.append(f"Variant {label} / {ratio['over']} on {cell}: median {_fmt(ratio['wall_median'])}x "
@@ -386,19 +423,26 @@ PHASES = ("prepare", "features", "queue", "prefill", "decode", "total", "outside
 def phase_table(summary: dict[str, Any]) -> list[str]:
     """Where a short request's time went, per cell and dp: the median over repetitions of each block's median
     milliseconds (the gateway's `Server-Timing`, and the client's latency); with the steady-window rate."""
-    lines = ["", "| cell | gateway | steady audio-s/s | inter-token ms per rank | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
-             "| --- | --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
+    lines = ["", "| cell | gateway | steady audio-s/s | inter-token ms per rank | rank token spread (max) "
+             "| engine processes (cores) | front-end CPU (ms/request) | " + " | ".join(f"{p} (ms)" for p in PHASES) + " |",
+             "| --- | --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in PHASES) + " |"]
     shown = False
     for cell, per_dp in summary["cells"].items():
         for dp, entry in sorted(per_dp.items()):
             blocks_ms = entry.get("phases_ms") or []
-            if not blocks_ms:
+            if not blocks_ms and not entry.get("engine_cores"):  # rows from before Server-Timing still have their CPU
                 continue
             shown = True
             steady = entry.get("steady_audio_s_per_s") or []
             values = [[b[p] for b in blocks_ms if p in b] for p in PHASES]
             itl = ", ".join("/".join(f"{ms:.1f}" for ms in block) for block in entry.get("itl_ms_per_rank", [])) or "-"
+            spread = entry.get("rank_token_spread") or []
+            cores = entry.get("engine_cores") or []
+            frontend_ms = entry.get("frontend_cpu_ms_per_request") or []
             lines.append(f"| {cell} | {dp} | {', '.join(f'{v:.0f}' for v in steady) or '-'} | {itl} | "
+                         f"{f'{100 * max(spread):.1f} %' if spread and dp.startswith('2') else '-'} | "
+                         f"{f'{min(cores):.1f}-{max(cores):.1f}' if cores else '-'} | "
+                         f"{f'{median(frontend_ms):.1f}' if frontend_ms else '-'} | "
                          + " | ".join(f"{median(v):.0f}" if v else "-" for v in values) + " |")
     return lines if shown else []
 
@@ -905,8 +949,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--requests-per-worker", type=int, default=2, help="clips each stream sends back to back (short cells)")
     r.add_argument("--client-processes", type=int, default=8, help="client processes the short cells' load is split over")
     r.add_argument("--chunk-target-s", type=float, default=290.0, help="the gateways' chunk length (longform.target_s)")
-    p = sub.add_parser("report")
-    p.add_argument("file", type=Path)
+    p = sub.add_parser("report", help="one run's tables, or several runs' rows pooled (repetitions kept apart)")
+    p.add_argument("file", type=Path, nargs="+")
     p.add_argument("--plot", type=Path, default=None)
     c = sub.add_parser("chunks", help="per chunked request in gateway logs: features, first token, decode, end spread")
     c.add_argument("logs", type=Path, nargs="+")
@@ -923,8 +967,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"log": log.name, **row}))
         return 0
     if args.command == "report":
-        data = json.loads(args.file.read_text())
-        summary = summarize(data["rows"])
+        summary = summarize(pooled_rows([json.loads(path.read_text()) for path in args.file]))
         print(render(summary))
         if args.plot:
             print(f"wrote {plot(summary, args.plot)}", file=sys.stderr)

@@ -282,7 +282,7 @@ class EngineSettings(BaseModel):
             "and 'mp' as soon as data_parallel_size > 1, although each rank of this dense single-GPU model is "
             "still one worker (vLLM counts the ranks into the world size when it picks). On the 32-core H200 "
             "host one GPU with 'mp' made 1.12-1.15 x the short-clip throughput of 'uni' (the in-process core "
-            "kept torch's 32 threads and took 5.5-8.8 cores from the front ends; docs/benchmarks.md runs h-k); "
+            "kept torch's 32 threads and took 5.5-8.7 cores from the front ends; docs/benchmarks.md runs h-k); "
             "'uni' for dp > 1 made 0.86 x of one GPU (run e)."
         ),
     )

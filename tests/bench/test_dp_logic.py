@@ -321,7 +321,7 @@ def test_steady_ratios_use_the_window_and_the_phase_table_shows_each_block() -> 
     assert summary["cells"][dp.SHORT_CELL]["2"]["steady_audio_s_per_s"] == [912.0]
     table = dp.render(summary)
     assert "Steady windows (every stream in its loop): dp=2 / dp=1 at 128 streams: median 1.90x" in table
-    assert f"| {dp.SHORT_CELL} | 2 | 912 | - | - | 10 | - | - | - | 500 | 60 | - |" in table
+    assert f"| {dp.SHORT_CELL} | 2 | 912 | - | - | - | - | - | 10 | - | - | - | 500 | 60 | - |" in table
 
 
 def test_phase_medians_split_the_clients_latency() -> None:
@@ -392,3 +392,41 @@ def test_variants_get_their_own_blocks_and_are_compared_with_the_plain_gateway_o
     assert f"Variant 1-mp / 1 on {dp.SHORT_CELL}: median 0.90x" in dp.render(summary)
     old = {k: v for k, v in data[0].items() if k != "gateway"}  # rows from before labels: their dp is the label
     assert dp.label_of(old) == "1"
+
+
+def test_runs_pool_with_their_repetitions_kept_apart_and_a_dp1_variant_can_stand_in_for_dp1() -> None:
+    """`report` over several files: a ratio never pairs blocks of two runs; `1-mp` gets the data-parallel ratios too."""
+    def run(walls: dict[str, list[float]], half: dict[str, list[float]]) -> dict:
+        out = []
+        for label, series in walls.items():
+            for repeat, wall in enumerate(series):
+                out.append(dp.dp_row(cell=dp.SHORT_CELL, repeat=repeat, wall_s=wall, requests=128, dp=int(label[0]), ok=128,
+                                     audio_s=12.0, label=label))
+        for label, series in half.items():
+            for repeat, wall in enumerate(series):
+                out.append(dp.dp_row(cell=dp.HALF_CELL, repeat=repeat, wall_s=wall, requests=64, dp=1, ok=64, audio_s=12.0,
+                                     label=label))
+        return {"rows": out}
+
+    first = run({"1": [4.0], "2": [2.0], "1-mp": [3.2]}, {"1": [2.5], "1-mp": [2.0]})
+    second = run({"1": [8.0], "2": [2.0]}, {"1": [5.0]})  # a slower host: its dp=1 must never meet the first run's dp=2
+    rows = dp.pooled_rows([first, second])
+    assert sorted({row["repeat"] for row in rows}) == [0, 1]
+    summary = dp.summarize(rows)
+    assert summary["short_ratio_per_repeat"] == [2.0, 4.0]
+    against = summary["against_variants"]["1-mp"]
+    assert against["short"]["per_repeat"] == [1.6]  # dp=2 at 128 over 1-mp at 128, only where both ran
+    assert against["rank_scaling"]["per_repeat"] == [round((128 / 2.0) / (64 / 2.0), 4)]
+    assert against["batch_gain"]["per_repeat"] == [round((128 / 3.2) / (64 / 2.0), 4)]
+    assert "With 1-mp as dp=1, short: median 1.60x" in dp.render(summary)
+
+
+def test_the_phase_table_shows_rank_balance_engine_cores_and_front_end_cpu() -> None:
+    data = rows({2: [3.0]}, [])
+    data[0].update(phases_ms={"total": 500.0},
+                   counters_per_rank={"0": {"tokens": 1000.0, "itl_ms": 3.0}, "1": {"tokens": 990.0, "itl_ms": 3.1}},
+                   cpu={"busiest_frontend_share": 0.8, "frontend_cpu_ms_per_request": 31.0,
+                        "core_share": {"engine-core-DP0": 1.0, "engine-core-DP1": 1.1, "worker": 2.0, "frontend-0": 0.8}})
+    assert "| 3.0/3.1 | 1.0 % | 4.1-4.1 | 31.0 |" in dp.render(dp.summarize(data))
+    del data[0]["phases_ms"], data[0]["counters_per_rank"]  # a row from before Server-Timing still shows its CPU
+    assert f"| {dp.SHORT_CELL} | 2 | - | - | - | 4.1-4.1 | 31.0 |" in dp.render(dp.summarize(data))
